@@ -1,0 +1,280 @@
+"""The ``ragidx`` command: parse options, call the library, print. Heavy imports happen inside commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from ragidx import __version__
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.runtime import DEVICES, DTYPES, default_model
+
+
+def _index_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--index",
+        "index_dir",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Index directory (default $RAGIDX_INDEX or ./.ragidx).",
+    )(command)
+
+
+def _device_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option(
+        "--dtype",
+        type=click.Choice(DTYPES),
+        default=None,
+        help="Model precision (auto: bf16 on CUDA, float32 on CPU).",
+    )(command)
+    return click.option("--device", type=click.Choice(DEVICES), default="auto", help="Where the model runs.")(
+        command
+    )
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False, indent=2))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.version_option(__version__, prog_name="ragidx")
+def cli(debug: bool) -> None:
+    """Index a folder of documents with LLM embeddings and search it."""
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--model",
+    default=default_model,
+    show_default="$RAGIDX_MODEL or Qwen/Qwen2.5-0.5B-Instruct",
+    help="Hugging Face hub id or local model folder.",
+)
+@click.option("--strategy", default=None, help="Embedding strategy (see `ragidx strategies`).")
+@_index_option
+@_device_options
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Rows per forward pass."
+)
+@click.option(
+    "--max-batch-tokens",
+    type=click.IntRange(min=1),
+    default=16384,
+    show_default=True,
+    help="Padded tokens per forward pass.",
+)
+@click.option(
+    "--max-length", type=click.IntRange(min=8), default=None, help="Longest templated input in tokens."
+)
+@click.option(
+    "--chunk-tokens",
+    type=click.IntRange(min=8),
+    default=256,
+    show_default=True,
+    help="Token budget of a chunk.",
+)
+@click.option(
+    "--overlap-sentences",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Sentences repeated from the previous chunk.",
+)
+@click.option(
+    "--spacy-model", default=None, help="Installed spaCy pipeline for sentences (default: rule-based)."
+)
+@click.option(
+    "--document-template", default=None, help="Override the strategy's document template ({text} slot)."
+)
+@click.option("--query-template", default=None, help="Override the strategy's query template ({text} slot).")
+@click.option("--rebuild", is_flag=True, help="Replace an index built with other settings.")
+@click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **options: Any) -> None:
+    """Index the documents under PATHS (replacing the index's previous contents)."""
+    from ragidx.indexer.pipeline import BuildOptions
+    from ragidx.indexer.pipeline import build as run_build
+    from ragidx.indexer.store import default_index_dir
+
+    options["dtype"] = options["dtype"] or "auto"
+    report = run_build(list(paths), BuildOptions(index_dir=index_dir or default_index_dir(), **options))
+    if as_json:
+        _print_json(report.to_dict())
+        return
+    click.echo(
+        f"indexed {report.documents} documents as {report.chunks} chunks ({report.tokens} tokens) "
+        f"in {report.seconds:.1f} s, {report.vectors_per_second:.1f} vectors/s"
+    )
+    click.echo(f"model {report.model}, strategy {report.strategy} ({report.strategy_reason})")
+    if report.truncated_chunks:
+        click.echo(f"{report.truncated_chunks} chunks were cut to --max-length")
+    if report.skipped:
+        click.echo(f"skipped {len(report.skipped)} files:")
+        for skipped in report.skipped:
+            click.echo(f"  {skipped.path}: {skipped.reason}")
+    click.echo(f"index {report.index_dir} (generation {report.generation})")
+
+
+@cli.command()
+@click.argument("text")
+@click.option("-k", "k", type=click.IntRange(min=1), default=5, show_default=True, help="Number of results.")
+@_index_option
+@_device_options
+@click.option("--model", default=None, help="Must match the index's model if given.")
+@click.option("--strategy", default=None, help="Must match the index's strategy if given.")
+@click.option("--json", "as_json", is_flag=True, help="Print results as a JSON list.")
+@click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per result.")
+def query(
+    text: str,
+    k: int,
+    index_dir: Path | None,
+    device: str,
+    dtype: str | None,
+    model: str | None,
+    strategy: str | None,
+    as_json: bool,
+    as_jsonl: bool,
+) -> None:
+    """Search the index for TEXT."""
+    from ragidx.app import Index
+
+    with Index.open(index_dir, device=device, dtype=dtype) as index:
+        index.check_compatible(model, strategy)
+        hits = index.search(text, k)
+    if as_json:
+        _print_json([hit.to_dict() for hit in hits])
+    elif as_jsonl:
+        for hit in hits:
+            click.echo(json.dumps(hit.to_dict(), ensure_ascii=False))
+    else:
+        for hit in hits:
+            click.echo(
+                f"{hit.rank:>2}  {hit.score:.4f}  {_display_path(hit.path)}:{hit.start}-{hit.end}  "
+                f"{hit.title}"
+            )
+            click.echo(f"    {hit.snippet}")
+
+
+@cli.command()
+@click.argument("texts", nargs=-1, required=True)
+@click.option("--role", type=click.Choice(["query", "document"]), default="query", show_default=True)
+@_index_option
+@_device_options
+@click.option("--model", default=None, help="Embed without an index, with this model.")
+@click.option("--strategy", default=None, help="Strategy to use with --model.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of float lists.")
+def embed(
+    texts: tuple[str, ...],
+    role: str,
+    index_dir: Path | None,
+    device: str,
+    dtype: str | None,
+    model: str | None,
+    strategy: str | None,
+    as_json: bool,
+) -> None:
+    """Print the vectors of TEXTS ('-' reads one text per line from stdin)."""
+    items = [line.rstrip("\n") for line in sys.stdin if line.strip()] if texts == ("-",) else list(texts)
+    if index_dir is None and (model or strategy):
+        vectors = _embed_without_index(
+            items, role, model or default_model(), strategy, device, dtype or "auto"
+        )
+    else:
+        from ragidx.app import Index
+
+        with Index.open(index_dir, device=device, dtype=dtype) as index:
+            index.check_compatible(model, strategy)
+            vectors = index.embed(items, role)
+    if as_json:
+        click.echo(json.dumps(vectors.tolist()))
+    else:
+        for vector in vectors:
+            click.echo(" ".join(f"{x:.6f}" for x in vector))
+
+
+def _embed_without_index(
+    texts: list[str], role: str, model: str, strategy: str | None, device: str, dtype: str
+) -> Any:
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy, default_strategy_name
+
+    runtime = load_runtime(model, device, dtype)
+    return create_strategy(strategy or default_strategy_name(runtime), runtime).encode(texts, role)
+
+
+@cli.command()
+@_index_option
+@click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
+def info(index_dir: Path | None, as_json: bool) -> None:
+    """Show an index's model, strategy, parameters, templates and size."""
+    from ragidx.app import Index
+
+    with Index.open(index_dir) as index:
+        data = index.info()
+    if as_json:
+        _print_json(data)
+        return
+    params = data.pop("strategy_params", {})
+    for key, value in data.items():
+        click.echo(f"{key:>16}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+    for key, value in params.items():
+        click.echo(f"{'strategy.' + key:>16}: {json.dumps(value) if isinstance(value, str) else value}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def strategies(as_json: bool) -> None:
+    """List the embedding strategies."""
+    from ragidx.indexer.strategies import REGISTRY
+
+    rows = [
+        {
+            "name": cls.name,
+            "description": cls.description,
+            "paper": cls.paper,
+            "decoder_only": cls.decoder_only,
+        }
+        for cls in REGISTRY.values()
+    ]
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        click.echo(f"{row['name']:<12} {row['description']}")
+
+
+def _display_path(path: str) -> str:
+    """Paths under the working directory are shown relative to it."""
+    try:
+        return os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path
+    except ValueError:
+        return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; errors become one line on stderr and a non-zero exit code unless --debug."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args or os.environ.get("RAGIDX_DEBUG") == "1"
+    try:
+        code = cli.main(args=args, prog_name="ragidx", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("error: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except (RagidxError, Exception) as error:
+        if debug:
+            raise
+        message = " ".join(str(error).split())
+        if not isinstance(error, RagidxError):
+            message = f"{type(error).__name__}: {message} (rerun with --debug for the traceback)"
+        click.echo(f"error: {message}", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,1 @@
+"""Indexing: read sources, chunk them, embed chunks with a strategy, store vectors and rows."""

@@ -1,0 +1,5 @@
+"""The one exception type whose message is shown to users as-is."""
+
+
+class RagidxError(Exception):
+    """A problem the user can fix; the CLI prints its message on one line, without a traceback."""

@@ -1,0 +1,358 @@
+"""Load a Hugging Face model once and run batch-invariant forward passes with early exit.
+
+Every strategy goes through this module, so the rules of methods.md §0 (positions from the
+attention mask, last *real* token, stop after the last layer a strategy reads) live here once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ragidx.indexer.errors import RagidxError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def default_model() -> str:
+    """``$RAGIDX_MODEL`` (handy for a local folder when offline) or the built-in default."""
+    return os.environ.get("RAGIDX_MODEL") or DEFAULT_MODEL
+
+
+@dataclass(frozen=True)
+class ArchitectureView:
+    """The parts of a model the strategies touch, named the same way for every family."""
+
+    model_type: str
+    is_decoder: bool
+    layers: Sequence[nn.Module]
+    final_norm: nn.Module | None
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def attention(self, layer: int) -> nn.Module:
+        """The self-attention module of a decoder layer (its q/k/v/o projections hang off it)."""
+        return self.layers[layer].self_attn
+
+
+def architecture_view(model: nn.Module) -> ArchitectureView:
+    """Describe a loaded base model (``AutoModel``), or refuse an architecture ragidx does not know."""
+    config = model.config
+    model_type = config.model_type
+    if model_type in DECODER_TYPES:
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return ArchitectureView(
+            model_type=model_type,
+            is_decoder=True,
+            layers=model.layers,
+            final_norm=model.norm,
+            hidden_size=config.hidden_size,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+        )
+    if model_type in ENCODER_TYPES:
+        heads = config.num_attention_heads
+        return ArchitectureView(
+            model_type=model_type,
+            is_decoder=False,
+            layers=model.encoder.layer,
+            final_norm=None,
+            hidden_size=config.hidden_size,
+            num_heads=heads,
+            num_kv_heads=heads,
+            head_dim=config.hidden_size // heads,
+        )
+    raise unsupported_architecture(model_type)
+
+
+def unsupported_architecture(model_type: str) -> RagidxError:
+    return RagidxError(
+        f"unsupported architecture '{model_type}': ragidx supports the decoders "
+        f"{', '.join(DECODER_TYPES)} and the encoders {', '.join(ENCODER_TYPES)}"
+    )
+
+
+@dataclass
+class Batch:
+    """Right-padded token ids of some rows of the caller's list, in the order ``indices`` gives."""
+
+    indices: list[int]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.attention_mask.sum(dim=1)
+
+    @property
+    def last_positions(self) -> torch.Tensor:
+        """Index of each row's last real token (not the last column, which may be padding)."""
+        return self.lengths - 1
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        """Positions counted over real tokens only, so padding never shifts a row's positions."""
+        return (self.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def plan_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Group row indices longest first so that rows x longest length stays under ``max_tokens``.
+
+    Sorting by length keeps padding small; a single row longer than the budget still forms a
+    batch of its own rather than being dropped.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        widest = lengths[current[0]] if current else lengths[index]
+        if current and (len(current) >= max_rows or widest * (len(current) + 1) > max_tokens):
+            groups.append(current)
+            current = []
+        current.append(index)
+    if current:
+        groups.append(current)
+    return groups
+
+
+class _StopForward(Exception):
+    """Raised from a hook to leave the forward pass once the last needed layer has run."""
+
+
+class ModelRuntime:
+    """A loaded model and tokenizer with the forward-pass rules every strategy relies on."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, model_id: str, revision: str | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.revision = revision
+        self.arch = architecture_view(model)
+        self.layers_run = 0
+        self.layers_available = 0
+        for layer in self.arch.layers:
+            layer.register_forward_pre_hook(self._count_layer)
+
+    def _count_layer(self, module: nn.Module, args: Any) -> None:
+        self.layers_run += 1
+
+    @property
+    def fraction_of_layers_run(self) -> float:
+        """Layers executed over layers a full pass would run, since loading (for benchmarks)."""
+        return self.layers_run / self.layers_available if self.layers_available else 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence the model was built for."""
+        config = self.model.config
+        return int(getattr(config, "max_position_embeddings", None) or 2048)
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids with the model's own special tokens (BOS, CLS/SEP) as its tokenizer adds them."""
+        return list(self.tokenizer(list(texts), add_special_tokens=True)["input_ids"])
+
+    def batches(self, sequences: Sequence[Sequence[int]], max_rows: int, max_tokens: int) -> Iterator[Batch]:
+        """Yield right-padded batches of ``sequences`` on the model's device, longest first."""
+        import torch
+
+        pad_id = self.tokenizer.pad_token_id
+        for group in plan_batches([len(s) for s in sequences], max_rows, max_tokens):
+            width = max(len(sequences[i]) for i in group)
+            ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(group), width), dtype=torch.long)
+            for row, index in enumerate(group):
+                seq = torch.as_tensor(sequences[index], dtype=torch.long)
+                ids[row, : len(seq)] = seq
+                mask[row, : len(seq)] = 1
+            yield Batch(group, ids.to(self.device), mask.to(self.device))
+
+    def forward(self, batch: Batch, stop_after: int | None = None) -> torch.Tensor | None:
+        """Run the model on a batch and return the final hidden states (after the final norm).
+
+        With ``stop_after = e`` only ``layers[0..e]`` execute and nothing is returned: callers
+        read what they need through hooks registered beforehand (see :meth:`capture`).
+        """
+        import torch
+
+        last = self.arch.num_layers - 1
+        kwargs: dict[str, Any] = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        if self.arch.is_decoder:
+            kwargs["position_ids"] = batch.position_ids
+            kwargs["use_cache"] = False
+        self.layers_available += self.arch.num_layers
+        with torch.inference_mode():
+            if stop_after is None or stop_after >= last:
+                return self.model(**kwargs).last_hidden_state
+            with self._stop_after(stop_after):
+                self.model(**kwargs)
+            return None
+
+    @contextlib.contextmanager
+    def _stop_after(self, layer: int) -> Iterator[None]:
+        def stop(module: nn.Module, args: Any, output: Any) -> None:
+            raise _StopForward
+
+        handle = self.arch.layers[layer].register_forward_hook(stop)
+        try:
+            yield
+        except _StopForward:
+            pass
+        finally:
+            handle.remove()
+
+    @contextlib.contextmanager
+    def capture(self, module: nn.Module) -> Iterator[list[torch.Tensor]]:
+        """Collect ``module``'s output tensor on every call while the block is open."""
+        outputs: list[torch.Tensor] = []
+
+        def record(mod: nn.Module, args: Any, output: Any) -> None:
+            outputs.append(output[0] if isinstance(output, tuple) else output)
+
+        handle = module.register_forward_hook(record)
+        try:
+            yield outputs
+        finally:
+            handle.remove()
+
+
+def resolve_device(device: str) -> str:
+    """Turn ``auto`` into the best available device and refuse ones this machine lacks."""
+    import torch
+
+    if device not in DEVICES:
+        raise RagidxError(f"unknown device '{device}': choose one of {', '.join(DEVICES)}")
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    if device == "auto":
+        return "cuda" if cuda else "mps" if mps else "cpu"
+    if device == "cuda" and not cuda:
+        raise RagidxError("--device cuda was asked for but torch sees no CUDA GPU")
+    if device == "mps" and not mps:
+        raise RagidxError("--device mps was asked for but torch sees no Apple GPU")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto`` is bfloat16 on CUDA, float16 on MPS and float32 on CPU.
+
+    float32 on CPU is a measured choice: without AMX, bf16 matrix products are slower than
+    float32 on the CPUs we measured (see README, "Precision"), so bf16 would cost accuracy for
+    nothing. Ask for ``--dtype bfloat16`` on a CPU where it pays.
+    """
+    if dtype not in DTYPES:
+        raise RagidxError(f"unknown dtype '{dtype}': choose one of {', '.join(DTYPES)}")
+    if dtype != "auto":
+        return dtype
+    return {"cuda": "bfloat16", "mps": "float16"}.get(device, "float32")
+
+
+def _locate_model(model: str) -> tuple[str, bool]:
+    """Return where to load ``model`` from and whether it is a local folder.
+
+    Local folders win; a hub id is looked up in the local cache before the network so that
+    an offline machine fails fast instead of retrying for half a minute.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise RagidxError(
+                f"model folder '{model}' has no config.json: it is not a Hugging Face model folder"
+            )
+        return str(path.resolve()), True
+    if path.exists() or model.startswith((".", "/", "~")):
+        raise RagidxError(f"model folder '{model}' does not exist")
+    return model, False
+
+
+def _not_found(model: str, reason: str) -> RagidxError:
+    return RagidxError(
+        f"model '{model}' could not be loaded ({reason}); without hub access, download the model "
+        "elsewhere and pass its folder: --model /path/to/model-folder"
+    )
+
+
+def load_config(model: str, trust_remote_code: bool = False) -> Any:
+    """Read a model's config from a local folder, the hub cache, or the hub (in that order)."""
+    from transformers import AutoConfig
+
+    location, _ = _locate_model(model)
+    _quiet_hub_logs()
+    try:
+        return AutoConfig.from_pretrained(
+            location, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as cached_error:
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+            raise _not_found(model, "not in the local cache and HF_HUB_OFFLINE is set") from cached_error
+    try:
+        return AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise _not_found(model, str(error).splitlines()[0]) from error
+
+
+def load_runtime(
+    model: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False
+) -> ModelRuntime:
+    """Load tokenizer and base model (no LM head) by hub id or local folder."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    config = load_config(model, trust_remote_code)
+    if config.model_type not in DECODER_TYPES + ENCODER_TYPES:
+        raise unsupported_architecture(config.model_type)
+    location, _ = _locate_model(model)
+    device = resolve_device(device)
+    torch_dtype = getattr(torch, resolve_dtype(dtype, device))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+        network_model = AutoModel.from_pretrained(
+            location, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code
+        )
+    except OSError as error:
+        raise _not_found(model, str(error).splitlines()[0]) from error
+    if not getattr(tokenizer, "is_fast", False):
+        raise RagidxError(
+            f"model '{model}' has no fast tokenizer (tokenizer.json); ragidx needs one for offsets"
+        )
+    if tokenizer.pad_token_id is None:
+        # Padding is always masked out, so any id will do; EOS is what decoders usually lack a pad for.
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    network_model.to(device).eval().requires_grad_(False)
+    return ModelRuntime(network_model, tokenizer, model, getattr(config, "_commit_hash", None))
+
+
+def _quiet_hub_logs() -> None:
+    """Hub retries and weight loading print warnings and bars; the user gets one clear line instead."""
+    from transformers.utils import logging as transformers_logging
+
+    for name in ("huggingface_hub", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    transformers_logging.disable_progress_bar()

@@ -1,0 +1,206 @@
+"""Find documents under the given paths and turn each into plain text, or say why it was skipped."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ragidx.indexer.errors import RagidxError
+
+READERS = {
+    ".txt": "text",
+    ".rst": "text",
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".html": "html",
+    ".htm": "html",
+}
+HTML_BLOCKS = (
+    "address",
+    "article",
+    "aside",
+    "blockquote",
+    "br",
+    "dd",
+    "div",
+    "dl",
+    "dt",
+    "figcaption",
+    "figure",
+    "footer",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "header",
+    "hr",
+    "li",
+    "main",
+    "nav",
+    "ol",
+    "p",
+    "pre",
+    "section",
+    "table",
+    "td",
+    "th",
+    "tr",
+    "ul",
+)
+HTML_INVISIBLE = ("script", "style", "noscript", "template", "head", "nav")
+BINARY_SNIFF_BYTES = 8192
+PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+
+
+@dataclass(frozen=True)
+class SourceDocument:
+    """A document's extracted text; chunk spans are character offsets into ``text``."""
+
+    path: str
+    text: str
+    content_hash: str
+    size: int
+    mtime: float
+    title: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    path: str
+    reason: str
+
+
+@dataclass
+class ScanResult:
+    documents: list[SourceDocument] = field(default_factory=list)
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+
+def scan(paths: Sequence[str | Path], exclude: Path | None = None) -> ScanResult:
+    """Read every supported file under ``paths``; files that cannot be used are listed, not fatal."""
+    result = ScanResult()
+    seen: set[str] = set()
+    for file in _walk(paths, exclude):
+        key = str(file.absolute())
+        if key in seen:
+            continue
+        seen.add(key)
+        outcome = read_document(file)
+        if isinstance(outcome, SkippedFile):
+            result.skipped.append(outcome)
+        else:
+            result.documents.append(outcome)
+    return result
+
+
+def _walk(paths: Sequence[str | Path], exclude: Path | None) -> Iterator[Path]:
+    """Named files as given; directories recursively, skipping hidden entries and ``exclude``."""
+    excluded = exclude.resolve() if exclude else None
+    for given in paths:
+        path = Path(given)
+        if path.is_symlink() and not path.exists():
+            yield path  # a broken link: reported as unreadable by read_document
+            continue
+        if not path.exists():
+            raise RagidxError(f"path not found: {given}")
+        if not path.is_dir():
+            yield path
+            continue
+        for root, dirs, files in os.walk(path):
+            root_path = Path(root)
+            dirs[:] = sorted(
+                d for d in dirs if not d.startswith(".") and (root_path / d).resolve() != excluded
+            )
+            yield from (root_path / name for name in sorted(files) if not name.startswith("."))
+
+
+def read_document(path: Path) -> SourceDocument | SkippedFile:
+    """Decode and extract one file's text."""
+    kind = READERS.get(path.suffix.lower())
+    if kind is None:
+        return SkippedFile(str(path), f"unsupported file type '{path.suffix or path.name}'")
+    try:
+        data = path.read_bytes()
+        stat = path.stat()
+    except OSError as error:
+        return SkippedFile(str(path), f"unreadable: {error.strerror or error}")
+    if not data.strip():
+        return SkippedFile(str(path), "empty file")
+    text = decode_text(data)
+    if text is None:
+        return SkippedFile(str(path), "binary content")
+    title = None
+    if kind == "html":
+        text, title = html_to_text(text)
+    if not text.strip():
+        return SkippedFile(str(path), "no text")
+    return SourceDocument(
+        path=str(path.absolute()),
+        text=text,
+        content_hash=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        mtime=stat.st_mtime,
+        title=title or guess_title(text, path),
+        kind=kind,
+    )
+
+
+def decode_text(data: bytes) -> str | None:
+    """UTF-8 (with or without BOM), UTF-16 with a BOM, else charset detection; None for binary."""
+    from charset_normalizer import from_bytes
+
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError:
+            return None
+    if b"\x00" in data[:BINARY_SNIFF_BYTES]:
+        return None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        pass
+    matches = from_bytes(data)
+    best = matches.best()
+    if best is None:
+        return None
+    # Short texts often fit several code pages equally well; the common Western one wins ties.
+    tied = (
+        m
+        for m in matches
+        if (m.chaos, m.coherence) == (best.chaos, best.coherence) and m.encoding == "cp1252"
+    )
+    return str(next(tied, best))
+
+
+def html_to_text(markup: str) -> tuple[str, str | None]:
+    """Visible text of an HTML page, one paragraph per block element, and its <title>."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(markup, "html.parser")
+    title = soup.title.get_text(" ", strip=True) if soup.title else None
+    for tag in soup.find_all(HTML_INVISIBLE):
+        tag.decompose()
+    for tag in soup.find_all(HTML_BLOCKS):
+        tag.insert_before("\n\n")
+        tag.insert_after("\n\n")
+    paragraphs = (" ".join(block.split()) for block in PARAGRAPH_BREAK.split(soup.get_text()))
+    return "\n\n".join(p for p in paragraphs if p), title or None
+
+
+def guess_title(text: str, path: Path) -> str:
+    """A Markdown heading, an underlined reStructuredText title, a short first line, or the file name."""
+    lines = [line.strip() for line in text.strip().splitlines()[:3]]
+    first = lines[0] if lines else ""
+    if first.startswith("#"):
+        return first.lstrip("#").strip() or path.stem
+    if 0 < len(first) <= 120 and (len(lines) < 2 or not lines[1] or set(lines[1]) <= set("=-~^*#")):
+        return first
+    return path.stem

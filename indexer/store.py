@@ -1,0 +1,298 @@
+"""The index on disk: SQLite rows (sqlite-utils, WAL) plus one FAISS file per generation.
+
+Commit protocol: the new FAISS file is written under a new generation name and fsynced; then one
+SQLite transaction replaces the rows and records the new generation; only then are older
+generation files deleted. A crash at any point leaves the previous generation readable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from ragidx.indexer.errors import RagidxError
+
+if TYPE_CHECKING:
+    import faiss
+    from ragidx.indexer.chunking import Chunk
+    from ragidx.indexer.sources import SourceDocument
+    from sqlite_utils import Database
+
+SCHEMA_VERSION = 1
+DB_NAME = "ragidx.db"
+LOCK_NAME = "build.lock"
+DEFAULT_INDEX_DIR = ".ragidx"
+
+
+def default_index_dir() -> Path:
+    """``$RAGIDX_INDEX`` or ``./.ragidx``."""
+    return Path(os.environ.get("RAGIDX_INDEX") or DEFAULT_INDEX_DIR)
+
+
+def vectors_file(directory: Path, generation: int) -> Path:
+    return directory / f"vectors-{generation}.faiss"
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    """A document and its chunks, ready to be written."""
+
+    source: SourceDocument
+    chunks: list[Chunk]
+    metadata: dict[str, Any]
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _connect(path: Path) -> Database:
+    from sqlite_utils import Database
+
+    db = Database(path)
+    db.execute("PRAGMA busy_timeout = 10000")
+    return db
+
+
+def _create_schema(db: Database) -> None:
+    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+    db["documents"].create(
+        {
+            "id": int,
+            "path": str,
+            "content_hash": str,
+            "size": int,
+            "mtime": float,
+            "title": str,
+            "kind": str,
+            "metadata": str,
+            "chunk_count": int,
+            "indexed_at": float,
+        },
+        pk="id",
+        not_null={"path", "content_hash"},
+        if_not_exists=True,
+    )
+    db["documents"].create_index(["path"], unique=True, if_not_exists=True)
+    db["chunks"].create(
+        {
+            "id": int,
+            "document_id": int,
+            "ordinal": int,
+            "text": str,
+            "char_start": int,
+            "char_end": int,
+            "token_count": int,
+            "sentences": str,
+        },
+        pk="id",
+        foreign_keys=[("document_id", "documents", "id")],
+        if_not_exists=True,
+    )
+    db["chunks"].create_index(["document_id"], if_not_exists=True)
+    if not db["chunks_fts"].exists():
+        db["chunks"].enable_fts(["text"], create_triggers=True, tokenize="porter")
+
+
+def read_meta(db: Database) -> dict[str, Any]:
+    if not db["meta"].exists():
+        return {}
+    return {row["key"]: json.loads(row["value"]) for row in db["meta"].rows}
+
+
+class IndexReader:
+    """Read access to a committed index: its settings, its vectors, and its rows."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        path = self.directory / DB_NAME
+        if not path.is_file():
+            raise RagidxError(
+                f"no index at {self.directory} (run `ragidx build PATH` first, or pass --index DIR)"
+            )
+        try:
+            self.db = _connect(path)
+            self.meta = read_meta(self.db)
+        except sqlite3.DatabaseError as error:
+            raise RagidxError(f"index database {path} is unreadable: {error}") from error
+        if not self.meta.get("generation"):
+            raise RagidxError(f"index at {self.directory} is empty: no build has completed")
+        if self.meta.get("schema_version") != SCHEMA_VERSION:
+            raise RagidxError(
+                f"index at {self.directory} has schema {self.meta.get('schema_version')}, this ragidx reads "
+                f"{SCHEMA_VERSION}: rebuild it"
+            )
+
+    def load_vectors(self) -> faiss.Index:
+        """The current generation's FAISS index; re-reads the generation if a build just replaced it."""
+        import faiss
+
+        for _ in range(5):
+            path = vectors_file(self.directory, self.meta["generation"])
+            try:
+                return faiss.read_index(str(path))
+            except RuntimeError as error:
+                if path.exists():
+                    raise RagidxError(f"vector file {path} is unreadable: {error}".splitlines()[0]) from error
+            time.sleep(0.05)
+            self.meta = read_meta(self.db)
+        raise RagidxError(
+            f"vector file for generation {self.meta['generation']} is missing in {self.directory}"
+        )
+
+    def chunk_rows(self, chunk_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Chunks joined with their documents, keyed by chunk id (ids that no longer exist are absent)."""
+        if not chunk_ids:
+            return {}
+        marks = ",".join("?" for _ in chunk_ids)
+        sql = f"""
+            select c.id as chunk_id, c.text, c.char_start, c.char_end, c.ordinal, c.token_count,
+                   d.path, d.title, d.metadata, d.id as document_id
+            from chunks c join documents d on d.id = c.document_id
+            where c.id in ({marks})
+        """
+        rows = self.db.query(sql, [int(i) for i in chunk_ids])
+        return {row["chunk_id"]: {**row, "metadata": json.loads(row["metadata"] or "{}")} for row in rows}
+
+    def counts(self) -> dict[str, int]:
+        return {"documents": self.db["documents"].count, "chunks": self.db["chunks"].count}
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class IndexWriter:
+    """Exclusive write access to an index directory, held for the whole build."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.directory / LOCK_NAME, "w")  # noqa: SIM115 - held until close()
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise RagidxError(f"index {self.directory} is locked: another build is writing to it") from None
+        path = self.directory / DB_NAME
+        try:
+            self.db = _connect(path)
+            self.db.enable_wal()
+            _create_schema(self.db)
+            self.meta = read_meta(self.db)
+        except sqlite3.DatabaseError as error:
+            self.close()
+            raise RagidxError(
+                f"index database {path} is unreadable ({error}); move it away or build into another --index"
+            ) from error
+
+    def __enter__(self) -> IndexWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.db.close()
+        self._lock_file.close()
+
+    def replace_all(
+        self, records: Sequence[DocumentRecord], vectors: np.ndarray, meta: dict[str, Any]
+    ) -> int:
+        """Make ``records`` and ``vectors`` (one row per chunk, in record order) the whole index.
+
+        Returns the new generation. Chunk ids are never reused, so a reader holding the previous
+        generation's vectors can never be joined to a different chunk's text.
+        """
+        n_chunks = sum(len(r.chunks) for r in records)
+        if vectors.shape[0] != n_chunks:
+            raise ValueError(f"{vectors.shape[0]} vectors for {n_chunks} chunks")
+        generation = int(self.meta.get("generation", 0)) + 1
+        first_id = int(self.meta.get("next_chunk_id", 1))
+        ids = np.arange(first_id, first_id + n_chunks, dtype=np.int64)
+        self._write_vectors(generation, vectors, ids)
+        now = time.time()
+        with self.db.atomic():
+            self.db.execute("delete from chunks")
+            self.db.execute("delete from documents")
+            chunk_ids = iter(ids.tolist())
+            for record in records:
+                document_id = self.db["documents"].insert(_document_row(record, now)).last_pk
+                self.db["chunks"].insert_all(
+                    _chunk_row(chunk, document_id, next(chunk_ids)) for chunk in record.chunks
+                )
+            new_meta = {
+                **meta,
+                "schema_version": SCHEMA_VERSION,
+                "generation": generation,
+                "next_chunk_id": first_id + n_chunks,
+                "updated_at": now,
+            }
+            new_meta.setdefault("created_at", self.meta.get("created_at", now))
+            self.db["meta"].upsert_all(
+                ({"key": k, "value": json.dumps(v)} for k, v in new_meta.items()), pk="key"
+            )
+        self.meta = new_meta
+        self._remove_stale_vector_files(generation)
+        return generation
+
+    def _write_vectors(self, generation: int, vectors: np.ndarray, ids: np.ndarray) -> None:
+        import faiss
+
+        index = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+        if len(ids):
+            index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids)
+        final = vectors_file(self.directory, generation)
+        partial = final.with_suffix(".faiss.partial")
+        faiss.write_index(index, str(partial))
+        _fsync(partial)
+        os.replace(partial, final)
+        _fsync(self.directory)
+
+    def _remove_stale_vector_files(self, keep: int) -> None:
+        """Delete every generation file but ``keep``: older generations and leftovers of crashed builds."""
+        current = vectors_file(self.directory, keep).name
+        for path in self.directory.glob("vectors-*.faiss*"):
+            if path.name != current:
+                path.unlink(missing_ok=True)
+
+
+def _document_row(record: DocumentRecord, now: float) -> dict[str, Any]:
+    source = record.source
+    return {
+        "path": source.path,
+        "content_hash": source.content_hash,
+        "size": source.size,
+        "mtime": source.mtime,
+        "title": source.title,
+        "kind": source.kind,
+        "metadata": json.dumps(record.metadata),
+        "chunk_count": len(record.chunks),
+        "indexed_at": now,
+    }
+
+
+def _chunk_row(chunk: Chunk, document_id: int, chunk_id: int) -> dict[str, Any]:
+    return {
+        "id": chunk_id,
+        "document_id": document_id,
+        "ordinal": chunk.ordinal,
+        "text": chunk.text,
+        "char_start": chunk.start,
+        "char_end": chunk.end,
+        "token_count": chunk.token_count,
+        "sentences": json.dumps(chunk.sentences),
+    }

@@ -1,0 +1,34 @@
+"""Strategy registry: names to classes, and the default for a model."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.base import BatchSettings, Role, Strategy
+from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
+from ragidx.indexer.strategies.prompts import PromptEOL
+
+if TYPE_CHECKING:
+    from ragidx.indexer.runtime import ModelRuntime
+
+REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (MeanPooling, LastTokenPooling, PromptEOL)}
+
+__all__ = ["REGISTRY", "BatchSettings", "Role", "Strategy", "create_strategy", "default_strategy_name"]
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise RagidxError(f"unknown strategy '{name}': choose one of {', '.join(REGISTRY)}") from None
+
+
+def default_strategy_name(runtime: ModelRuntime) -> str:
+    """PromptEOL for decoders (the strongest strategy shipped so far), mean pooling for encoders."""
+    return "prompteol" if runtime.arch.is_decoder else "mean"
+
+
+def create_strategy(name: str, runtime: ModelRuntime, **params: Any) -> Strategy:
+    """Build a strategy from its name and stored or user-given parameters."""
+    return strategy_class(name)(runtime, **params)

@@ -1,0 +1,153 @@
+"""The interface every embedding strategy implements, and the templating they share."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+from ragidx.indexer.errors import RagidxError
+
+if TYPE_CHECKING:
+    import torch
+    from ragidx.indexer.runtime import Batch, ModelRuntime
+
+Role = Literal["document", "query"]
+ROLES: tuple[Role, ...] = ("document", "query")
+TEXT_SLOT = "{text}"
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How many rows and padded tokens one forward pass may take; never changes a vector."""
+
+    max_rows: int = 32
+    max_tokens: int = 16384
+
+
+def preprocess_for_prompt(text: str) -> str:
+    """Normalise text the way the PromptEOL authors' code does before quoting it in a prompt.
+
+    Strip; end with a sentence mark (append '.' unless it ends in . ? " '); turn double quotes
+    into single ones so they cannot close the template's quote; a final '?' becomes '.'.
+    """
+    text = text.strip()
+    if not text or text[-1] not in ".?\"'":
+        text += "."
+    text = text.replace('"', "'")
+    if text.endswith("?"):
+        text = text[:-1] + "."
+    return text
+
+
+def render(template: str, text: str) -> str:
+    """Put ``text`` into the template's single ``{text}`` slot (no str.format: texts hold braces)."""
+    return template.replace(TEXT_SLOT, text)
+
+
+def check_template(template: str, what: str) -> str:
+    if template.count(TEXT_SLOT) != 1:
+        raise RagidxError(f"{what} must contain {TEXT_SLOT} exactly once: {template!r}")
+    return template
+
+
+def l2_normalise(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
+
+
+class Strategy(ABC):
+    """Turns texts into L2-normalised float32 vectors with one model.
+
+    Subclasses set the class attributes and implement :meth:`readout`; everything that must be
+    reproduced at query time is in :attr:`params`, which the index stores and passes back to the
+    constructor.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    paper: ClassVar[str] = ""
+    decoder_only: ClassVar[bool] = True
+    default_document_template: ClassVar[str] = TEXT_SLOT
+    default_query_template: ClassVar[str] = TEXT_SLOT
+    preprocess_text: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        *,
+        document_template: str | None = None,
+        query_template: str | None = None,
+        max_length: int | None = None,
+        batch: BatchSettings | None = None,
+    ):
+        if self.decoder_only and not runtime.arch.is_decoder:
+            raise RagidxError(
+                f"strategy '{self.name}' needs a decoder-only LLM, but '{runtime.model_id}' is a "
+                f"{runtime.arch.model_type} encoder; use --strategy mean"
+            )
+        self.runtime = runtime
+        self.document_template = check_template(
+            document_template or self.default_document_template, "document template"
+        )
+        self.query_template = check_template(query_template or self.default_query_template, "query template")
+        self.max_length = min(max_length or 512, runtime.max_positions)
+        self.batch = batch or BatchSettings()
+        self.truncated = 0
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Everything that determines a vector, as stored in the index's meta table."""
+        return {
+            "document_template": self.document_template,
+            "query_template": self.query_template,
+            "max_length": self.max_length,
+        }
+
+    @property
+    def dimension(self) -> int:
+        return self.runtime.arch.hidden_size
+
+    def template_for(self, role: Role) -> str:
+        if role not in ROLES:
+            raise RagidxError(f"unknown role '{role}': choose document or query")
+        return self.document_template if role == "document" else self.query_template
+
+    def token_ids(self, text: str, role: Role) -> list[int]:
+        """Templated token ids; an over-long text is cut inside the template, never the template."""
+        template = self.template_for(role)
+        if self.preprocess_text:
+            text = preprocess_for_prompt(text)
+        tokenizer = self.runtime.tokenizer
+        ids = tokenizer(render(template, text))["input_ids"]
+        if len(ids) <= self.max_length:
+            return ids
+        self.truncated += 1
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        keep = max(0, len(offsets) - (len(ids) - self.max_length))
+        while True:
+            cut = offsets[keep - 1][1] if keep > 0 else 0
+            ids = tokenizer(render(template, text[:cut]))["input_ids"]
+            if len(ids) <= self.max_length or keep == 0:
+                return ids[: self.max_length]
+            keep -= 1
+
+    def encode(
+        self, texts: Sequence[str], role: Role = "document", progress: ProgressCallback | None = None
+    ) -> np.ndarray:
+        """Vectors for ``texts`` in their order, float32 and L2-normalised, shape (n, dimension)."""
+        sequences = [self.token_ids(text, role) for text in texts]
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):
+            vectors = self.readout(batch)
+            out[batch.indices] = vectors.float().cpu().numpy()
+            if progress:
+                progress(len(batch.indices), int(batch.lengths.sum()))
+        return l2_normalise(out)
+
+    @abstractmethod
+    def readout(self, batch: Batch) -> torch.Tensor:
+        """One un-normalised vector per row of the batch, shape (rows, dimension)."""

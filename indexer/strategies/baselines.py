@@ -1,0 +1,35 @@
+"""Plain pooling baselines over the final layer: the reference every method is measured against."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ragidx.indexer.strategies.base import Strategy
+from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
+
+if TYPE_CHECKING:
+    import torch
+    from ragidx.indexer.runtime import Batch
+
+
+class MeanPooling(Strategy):
+    """Masked mean of the final layer (after the final norm) over every real token."""
+
+    name = "mean"
+    description = "mean of the final layer over all tokens; works for decoders and BERT-style encoders"
+    paper = "baseline (sentence-transformers mean pooling)"
+    decoder_only = False
+
+    def readout(self, batch: Batch) -> torch.Tensor:
+        return masked_mean(self.runtime.forward(batch), batch.attention_mask)
+
+
+class LastTokenPooling(Strategy):
+    """The final layer's state at the last real token, which has attended to the whole text."""
+
+    name = "last"
+    description = "final-layer state of the last token (causal models only)"
+    paper = "baseline"
+
+    def readout(self, batch: Batch) -> torch.Tensor:
+        return last_real_token(self.runtime.forward(batch), batch)

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_models import DECODERS, ENCODER, SAMPLE_CORPUS, save_tiny_model, train_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Folder of each small random model, keyed by architecture (llama ... gemma2, bert)."""
+    root = tmp_path_factory.mktemp("models")
+    tokenizer = train_tokenizer()
+    return {arch: save_tiny_model(arch, root / arch, tokenizer) for arch in (*DECODERS, ENCODER)}
+
+
+@pytest.fixture(scope="session")
+def runtimes(tiny_models: dict[str, Path]):
+    """Each tiny model loaded once through ragidx's loader, in float32 on the CPU."""
+    from ragidx.indexer.runtime import load_runtime
+
+    return {
+        arch: load_runtime(str(path), device="cpu", dtype="float32") for arch, path in tiny_models.items()
+    }
+
+
+@pytest.fixture(scope="session")
+def sample_corpus() -> Path:
+    return SAMPLE_CORPUS

@@ -1,0 +1,276 @@
+"""The installed ``ragidx`` console script, end to end, in subprocesses."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+RAGIDX = str(Path(sys.executable).parent / "ragidx")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def ragidx(*args: str | Path, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [RAGIDX, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300, **kwargs
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, pattern: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_models, sample_corpus):
+    """The sample corpus indexed with the tiny Qwen2 model and the default strategy."""
+    index = tmp_path_factory.mktemp("cli") / "index"
+    result = ragidx("build", sample_corpus, "--model", tiny_models["qwen2"], "--index", index, "--json")
+    return index, json.loads(result.stdout)
+
+
+def top_hit(index: Path, text: str) -> dict:
+    return json.loads(ragidx("query", text, "--index", index, "--json", "-k", "3").stdout)[0]
+
+
+def test_help_does_not_import_heavy_libraries():
+    code = (
+        "import sys\nfrom ragidx import cli\nsys.argv = ['ragidx', '--help']\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'faiss', 'spacy'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("[]")
+
+
+def test_build_summary_and_info(built, tiny_models, sample_corpus):
+    index, summary = built
+    n_files = len([p for p in sample_corpus.rglob("*") if p.is_file()])
+    assert summary["documents"] == n_files and summary["skipped"] == []
+    assert summary["strategy"] == "prompteol" and summary["strategy_reason"] == "default for decoder models"
+    info = json.loads(ragidx("info", "--index", index, "--json").stdout)
+    assert info["model"] == str(tiny_models["qwen2"]) and info["strategy"] == "prompteol"
+    assert info["strategy_params"]["document_template"] == 'This sentence : "{text}" means in one word:"'
+    assert info["strategy_params"]["query_template"] == info["strategy_params"]["document_template"]
+    assert info["chunks"] == summary["chunks"] and info["documents"] == n_files and info["dimension"] == 64
+
+
+def test_a_chunks_own_text_retrieves_it_first(built):
+    index, _ = built
+    with sqlite3.connect(index / "ragidx.db") as db:
+        rows = db.execute(
+            "select c.id, c.text, c.char_start, c.char_end, d.path from chunks c "
+            "join documents d on d.id = c.document_id order by c.id limit 40"
+        ).fetchall()
+    for chunk_id, text, start, end, path in rows[::13]:
+        hit = top_hit(index, text)
+        assert hit["chunk_id"] == chunk_id and hit["score"] == pytest.approx(1.0, abs=1e-4)
+        assert (hit["path"], hit["start"], hit["end"], hit["text"]) == (path, start, end, text)
+        if path.endswith((".md", ".txt")):
+            assert Path(path).read_text(encoding="utf-8")[start:end] == text
+
+
+def test_human_query_output(built):
+    index, _ = built
+    out = ragidx("query", "lighthouse lenses", "--index", index, "-k", "2").stdout.splitlines()
+    assert len(out) == 4 and re.match(r"^ 1  \d\.\d{4}  \S+:\d+-\d+  ", out[0])
+
+
+def test_embed_with_an_index_or_a_model_agree(built, tiny_models):
+    index, _ = built
+    with_index = json.loads(ragidx("embed", "tides and the moon", "--index", index, "--json").stdout)
+    without = json.loads(
+        ragidx(
+            "embed",
+            "tides and the moon",
+            "--model",
+            tiny_models["qwen2"],
+            "--strategy",
+            "prompteol",
+            "--json",
+        ).stdout
+    )
+    assert np.allclose(with_index, without, atol=1e-6) and np.array(with_index).shape == (1, 64)
+    plain = ragidx("embed", "a", "b", "--index", index).stdout.splitlines()
+    assert len(plain) == 2 and len(plain[0].split()) == 64
+
+
+def test_strategies_lists_every_strategy():
+    out = ragidx("strategies").stdout
+    for name in ("mean", "last", "prompteol"):
+        assert re.search(rf"^{name}\s+\S", out, re.MULTILINE)
+
+
+def test_settings_mismatches_are_refused(built, tiny_models, sample_corpus, tmp_path):
+    index, _ = built
+    assert_one_line_error(
+        ragidx("query", "x", "--index", index, "--model", tiny_models["llama"], check=False),
+        "--model .* does not match the index",
+    )
+    assert_one_line_error(
+        ragidx("query", "x", "--index", index, "--strategy", "mean", check=False),
+        "--strategy 'mean' does not match",
+    )
+    copy = tmp_path / "copy"
+    shutil.copytree(index, copy)
+    notes = tmp_path / "notes"
+    shutil.copytree(sample_corpus / "notes", notes)
+    args = ("build", notes, "--model", tiny_models["qwen2"], "--index", copy, "--strategy", "mean")
+    assert_one_line_error(ragidx(*args, check=False), "other settings.*--rebuild")
+    ragidx(*args, "--rebuild")
+    assert json.loads(ragidx("info", "--index", copy, "--json").stdout)["strategy"] == "mean"
+
+
+def test_bad_inputs_give_one_line_errors(tiny_models, tmp_path):
+    model = tiny_models["qwen2"]
+    assert_one_line_error(
+        ragidx("build", tmp_path / "missing", "--model", model, "--index", tmp_path / "i", check=False),
+        "path not found",
+    )
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(
+        ragidx("build", tmp_path / "empty", "--model", model, "--index", tmp_path / "i", check=False),
+        "no readable documents",
+    )
+    binaries = tmp_path / "bin"
+    binaries.mkdir()
+    for i in range(3):
+        (binaries / f"blob{i}.txt").write_bytes(bytes(range(256)) * 4)
+    assert_one_line_error(
+        ragidx("build", binaries, "--model", model, "--index", tmp_path / "i", check=False),
+        r"no readable documents.*3 binary content",
+    )
+    readable = tmp_path / "readable"
+    readable.mkdir()
+    (readable / "a.md").write_text("Some words.")
+    assert_one_line_error(
+        ragidx("build", readable, "--model", tmp_path / "nomodel", "--index", tmp_path / "i", check=False),
+        "does not exist",
+    )
+    assert_one_line_error(
+        ragidx("build", readable, "--model", "no-org/no-model", "--index", tmp_path / "i", check=False),
+        "--model /path/to/model-folder",
+    )
+    assert_one_line_error(ragidx("query", "x", "--index", tmp_path / "none", check=False), "no index at")
+    if not shutil.which("nvidia-smi"):
+        assert_one_line_error(
+            ragidx(
+                "build",
+                readable,
+                "--device",
+                "cuda",
+                "--model",
+                model,
+                "--index",
+                tmp_path / "i",
+                check=False,
+            ),
+            "no CUDA GPU",
+        )
+
+
+def test_unreadable_files_are_skipped_and_reported(tiny_models, sample_corpus, tmp_path):
+    docs = tmp_path / "docs"
+    shutil.copytree(sample_corpus / "faq", docs)
+    os.symlink(docs / "gone.md", docs / "broken.md")
+    (docs / "blob.txt").write_bytes(b"\x00" * 100)
+    result = ragidx("build", docs, "--model", tiny_models["qwen2"], "--index", tmp_path / "i")
+    assert "skipped 2 files:" in result.stdout
+    assert "broken.md: unreadable" in result.stdout and "blob.txt: binary content" in result.stdout
+
+
+def test_corrupt_database_is_a_one_line_error(built, tmp_path):
+    index, _ = built
+    broken = tmp_path / "broken"
+    shutil.copytree(index, broken)
+    (broken / "ragidx.db").write_bytes(b"garbage" * 1000)
+    for leftover in broken.glob("ragidx.db-*"):
+        leftover.unlink()
+    assert_one_line_error(ragidx("query", "x", "--index", broken, check=False), "unreadable")
+    assert_one_line_error(ragidx("info", "--index", broken, check=False), "unreadable")
+    debug = ragidx("--debug", "info", "--index", broken, check=False)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def build_until(args: list[str], marker: bytes, timeout: float = 120.0) -> None:
+    """Run a build on a pseudo-terminal (so progress bars show); SIGKILL it once ``marker`` is printed."""
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+    process = subprocess.Popen([RAGIDX, *args], env=ENV, stdin=subprocess.DEVNULL, stdout=child, stderr=child)
+    os.close(child)
+    seen, deadline = b"", time.monotonic() + timeout
+    try:
+        while not re.search(marker, seen) and time.monotonic() < deadline:
+            if select.select([main], [], [], 0.2)[0]:
+                seen += os.read(main, 4096)
+        assert re.search(marker, seen), seen.decode(errors="replace")[-500:]
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        os.close(main)
+
+
+def search_all(index: Path, queries: list[str]) -> list[list[tuple[int, float]]]:
+    from ragidx.app import Index
+
+    with Index.open(index) as opened:
+        return [[(h.chunk_id, round(h.score, 5)) for h in opened.search(q, 5)] for q in queries]
+
+
+@pytest.mark.parametrize("marker", [b"chunking", rb"embedding:\s+[1-9]\d*%"])
+def test_killed_build_leaves_the_previous_index_queryable(
+    marker, built, tiny_models, sample_corpus, tmp_path
+):
+    index, _ = built
+    copy = tmp_path / "index"
+    shutil.copytree(index, copy)
+    queries = ["keeping ships off the rocks", "compost heap smells", "password reset link"]
+    before = search_all(copy, queries)
+    bigger = tmp_path / "bigger"
+    for i in range(6):
+        shutil.copytree(sample_corpus, bigger / f"copy{i}")
+    build_until(
+        [
+            "build",
+            str(bigger),
+            "--model",
+            str(tiny_models["qwen2"]),
+            "--index",
+            str(copy),
+            "--batch-size",
+            "2",
+        ],
+        marker,
+    )
+    assert search_all(copy, queries) == before
+    assert [p.name for p in copy.glob("vectors-*")] == ["vectors-1.faiss"]
+
+
+def test_a_new_build_removes_leftovers_of_killed_ones(built, tiny_models, sample_corpus, tmp_path):
+    index, _ = built
+    copy = tmp_path / "index"
+    shutil.copytree(index, copy)
+    (copy / "vectors-2.faiss.partial").write_bytes(b"half-written")
+    (copy / "vectors-7.faiss").write_bytes(b"from a crash after the FAISS write")
+    ragidx("build", sample_corpus / "faq", "--model", tiny_models["qwen2"], "--index", copy)
+    assert [p.name for p in copy.glob("vectors-*")] == ["vectors-2.faiss"]
