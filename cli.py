@@ -221,10 +221,17 @@ def info(index_dir: Path | None, as_json: bool) -> None:
         _print_json(data)
         return
     params = data.pop("strategy_params", {})
-    for key, value in data.items():
-        click.echo(f"{key:>16}: {json.dumps(value) if isinstance(value, dict | list) else value}")
-    for key, value in params.items():
-        click.echo(f"{'strategy.' + key:>16}: {json.dumps(value) if isinstance(value, str) else value}")
+    rows = [
+        (key, json.dumps(value) if isinstance(value, dict | list) else str(value))
+        for key, value in data.items()
+    ]
+    rows += [
+        (f"strategy.{key}", json.dumps(value) if isinstance(value, str) else str(value))
+        for key, value in params.items()
+    ]
+    width = max(len(key) for key, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
 
 
 @cli.command()

@@ -8,6 +8,7 @@ generation files deleted. A crash at any point leaves the previous generation re
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
@@ -225,6 +226,7 @@ class IndexWriter:
         ids = np.arange(first_id, first_id + n_chunks, dtype=np.int64)
         self._write_vectors(generation, vectors, ids)
         now = time.time()
+        stamp = datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="seconds")
         with self.db.atomic():
             self.db.execute("delete from chunks")
             self.db.execute("delete from documents")
@@ -239,9 +241,9 @@ class IndexWriter:
                 "schema_version": SCHEMA_VERSION,
                 "generation": generation,
                 "next_chunk_id": first_id + n_chunks,
-                "updated_at": now,
+                "updated_at": stamp,
             }
-            new_meta.setdefault("created_at", self.meta.get("created_at", now))
+            new_meta.setdefault("created_at", self.meta.get("created_at", stamp))
             self.db["meta"].upsert_all(
                 ({"key": k, "value": json.dumps(v)} for k, v in new_meta.items()), pk="key"
             )

@@ -25,6 +25,7 @@ def test_plan_batches_sorts_by_length_and_respects_the_token_budget():
 def test_early_exit_runs_only_the_layers_up_to_the_readout(arch, runtimes):
     runtime = runtimes[arch]
     batch = next(runtime.batches(runtime.tokenize(["One text.", "A second, longer text here."]), 8, 10_000))
+    runs_before, available_before = runtime.layers_run, runtime.layers_available
     calls: list[int] = []
     hooks = [
         layer.register_forward_pre_hook(lambda m, a, i=i: calls.append(i))
@@ -34,6 +35,7 @@ def test_early_exit_runs_only_the_layers_up_to_the_readout(arch, runtimes):
         with runtime.capture(runtime.arch.layers[2]) as early:
             assert runtime.forward(batch, stop_after=2) is None
         assert calls == [0, 1, 2]
+        assert (runtime.layers_run - runs_before, runtime.layers_available - available_before) == (3, 6)
         calls.clear()
         with runtime.capture(runtime.arch.layers[2]) as full:
             runtime.forward(batch)

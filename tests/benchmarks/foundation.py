@@ -1,0 +1,76 @@
+"""Wall time and peak memory of the CLI on sample_corpus/ with small random Qwen2 models.
+
+Usage: python tests/benchmarks/foundation.py [--shape tiny|0.5b]
+`tiny` is the test suite's model (hidden 64, 6 layers); `0.5b` has Qwen2.5-0.5B's real
+dimensions with random weights, so its timings are those of the default model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tiny_models import SAMPLE_CORPUS, save_tiny_model
+
+RAGIDX = str(Path(sys.executable).parent / "ragidx")
+
+
+def timed(*args: str) -> tuple[float, float]:
+    """Seconds and peak RSS (MiB) of one ragidx run in a fresh process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    started = time.perf_counter()
+    subprocess.run([RAGIDX, *args], check=True, capture_output=True)
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return seconds, max(peak, before) / 1024
+
+
+def warm_query_latency(index: Path, queries: list[str]) -> list[float]:
+    from ragidx.app import Index
+
+    with Index.open(index) as opened:
+        opened.search("warm up", 5)
+        latencies = []
+        for query in queries:
+            started = time.perf_counter()
+            opened.search(query, 5)
+            latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", choices=["tiny", "0.5b"], default="tiny")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.shape == "tiny":
+            model = save_tiny_model("qwen2", Path(tmp) / "qwen2")
+        else:
+            from dtype import qwen2_05b_shaped
+
+            model = qwen2_05b_shaped(Path(tmp) / "qwen2-0.5b-shaped")
+        index = Path(tmp) / "index"
+        help_seconds = min(timed("--help")[0] for _ in range(5))
+        build_seconds, build_rss = timed(
+            "build", str(SAMPLE_CORPUS), "--model", str(model), "--index", str(index)
+        )
+        query_seconds, query_rss = timed("query", "why are there two tides a day?", "--index", str(index))
+        latencies = warm_query_latency(
+            index, [f"question number {i} about tides and lenses" for i in range(20)]
+        )
+    print(f"model: random Qwen2, {args.shape} shape; corpus: sample_corpus/")
+    print(f"ragidx --help          {help_seconds * 1000:8.0f} ms (best of 5)")
+    print(f"ragidx build           {build_seconds:8.1f} s   peak RSS {build_rss:7.0f} MiB")
+    print(f"ragidx query (cold)    {query_seconds:8.1f} s   peak RSS {query_rss:7.0f} MiB")
+    print(f"query, warm in-process {statistics.median(latencies):8.1f} ms p50, {max(latencies):.1f} ms max")
+
+
+if __name__ == "__main__":
+    main()
