@@ -37,6 +37,36 @@ def _device_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )
 
 
+STRATEGY_OPTIONS = ("prompt", "layers", "query_instruction", "normalize_layers")
+
+
+def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Options that only some strategies take; the strategy refuses the ones it does not."""
+    options = [
+        click.option(
+            "--prompt",
+            default=None,
+            help="Prompt of a value-aggregation strategy: futureeol, prompteol, none.",
+        ),
+        click.option("--layers", default=None, help="Layer set, 0-based, e.g. 20-27 or 26,27,29."),
+        click.option(
+            "--query-instruction", default=None, help="Text placed before each query inside its template."
+        ),
+        click.option(
+            "--normalize-layers", is_flag=True, default=None, help="L2-normalise each layer before averaging."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _given_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Pop the strategy options out of a command's keyword arguments, keeping only those given."""
+    given = {name: options.pop(name) for name in STRATEGY_OPTIONS}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, ensure_ascii=False, indent=2))
 
@@ -93,6 +123,7 @@ def cli(debug: bool) -> None:
     "--document-template", default=None, help="Override the strategy's document template ({text} slot)."
 )
 @click.option("--query-template", default=None, help="Override the strategy's query template ({text} slot).")
+@_strategy_options
 @click.option("--rebuild", is_flag=True, help="Replace an index built with other settings.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -103,6 +134,7 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     from ragidx.indexer.store import default_index_dir
 
     options["dtype"] = options["dtype"] or "auto"
+    options["strategy_options"] = _given_strategy_options(options)
     report = run_build(list(paths), BuildOptions(index_dir=index_dir or default_index_dir(), **options))
     if as_json:
         _print_json(report.to_dict())
@@ -112,6 +144,8 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         f"in {report.seconds:.1f} s, {report.vectors_per_second:.1f} vectors/s"
     )
     click.echo(f"model {report.model}, strategy {report.strategy} ({report.strategy_reason})")
+    for key, value in report.strategy_notes.items():
+        click.echo(f"  {key.replace('_', ' ')}: {value}")
     if report.truncated_chunks:
         click.echo(f"{report.truncated_chunks} chunks were cut to --max-length")
     if report.skipped:
@@ -168,6 +202,7 @@ def query(
 @_device_options
 @click.option("--model", default=None, help="Embed without an index, with this model.")
 @click.option("--strategy", default=None, help="Strategy to use with --model.")
+@_strategy_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of float lists.")
 def embed(
     texts: tuple[str, ...],
@@ -178,16 +213,20 @@ def embed(
     model: str | None,
     strategy: str | None,
     as_json: bool,
+    **options: Any,
 ) -> None:
     """Print the vectors of TEXTS ('-' reads one text per line from stdin)."""
     items = [line.rstrip("\n") for line in sys.stdin if line.strip()] if texts == ("-",) else list(texts)
+    strategy_options = _given_strategy_options(options)
     if index_dir is None and (model or strategy):
         vectors = _embed_without_index(
-            items, role, model or default_model(), strategy, device, dtype or "auto"
+            items, role, model or default_model(), strategy, device, dtype or "auto", strategy_options
         )
     else:
         from ragidx.app import Index
 
+        if strategy_options:
+            raise RagidxError("strategy options come from the index; give them with --model, not --index")
         with Index.open(index_dir, device=device, dtype=dtype) as index:
             index.check_compatible(model, strategy)
             vectors = index.embed(items, role)
@@ -199,13 +238,20 @@ def embed(
 
 
 def _embed_without_index(
-    texts: list[str], role: str, model: str, strategy: str | None, device: str, dtype: str
+    texts: list[str],
+    role: str,
+    model: str,
+    strategy: str | None,
+    device: str,
+    dtype: str,
+    strategy_options: dict[str, Any],
 ) -> Any:
     from ragidx.indexer.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy, default_strategy_name
 
     runtime = load_runtime(model, device, dtype)
-    return create_strategy(strategy or default_strategy_name(runtime), runtime).encode(texts, role)
+    name = strategy or default_strategy_name(runtime)
+    return create_strategy(name, runtime, **strategy_options).encode(texts, role)
 
 
 @cli.command()

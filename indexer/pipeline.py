@@ -37,6 +37,7 @@ class BuildOptions:
     spacy_model: str | None = None
     document_template: str | None = None
     query_template: str | None = None
+    strategy_options: dict[str, Any] = field(default_factory=dict)
     rebuild: bool = False
     trust_remote_code: bool = False
     progress: bool = True
@@ -49,6 +50,7 @@ class BuildReport:
     model: str
     strategy: str
     strategy_reason: str
+    strategy_notes: dict[str, Any]
     documents: int
     chunks: int
     tokens: int
@@ -68,6 +70,7 @@ class BuildReport:
             "model": self.model,
             "strategy": self.strategy,
             "strategy_reason": self.strategy_reason,
+            "strategy_notes": self.strategy_notes,
             "documents": self.documents,
             "chunks": self.chunks,
             "tokens": self.tokens,
@@ -112,6 +115,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             query_template=options.query_template,
             max_length=options.max_length,
             batch=BatchSettings(max_rows=options.batch_size, max_tokens=options.max_batch_tokens),
+            **options.strategy_options,
         )
         chunker = Chunker(
             runtime.tokenizer, options.chunk_tokens, options.overlap_sentences, options.spacy_model
@@ -132,6 +136,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         meta = {
             **settings,
             "strategy_reason": reason,
+            "strategy_notes": strategy.notes,
             "dimension": strategy.dimension,
             "dtype": str(runtime.dtype).removeprefix("torch."),
             "ragidx_version": __version__,
@@ -143,6 +148,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         model=options.model,
         strategy=name,
         strategy_reason=reason,
+        strategy_notes=strategy.notes,
         documents=len(records),
         chunks=len(vectors),
         tokens=sum(c.token_count for r in records for c in r.chunks),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -230,14 +230,29 @@ class ModelRuntime:
             handle.remove()
 
     @contextlib.contextmanager
-    def capture(self, module: nn.Module) -> Iterator[list[torch.Tensor]]:
-        """Collect ``module``'s output tensor on every call while the block is open."""
+    def capture(
+        self,
+        module: nn.Module,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        *,
+        inputs: bool = False,
+    ) -> Iterator[list[torch.Tensor]]:
+        """Collect ``module``'s output (its first input with ``inputs=True``) on every call.
+
+        ``reduce`` runs inside the hook, so only what a strategy keeps (a row per text, say) is
+        held in memory rather than every layer's full [batch, tokens, dim] tensor.
+        """
         outputs: list[torch.Tensor] = []
 
-        def record(mod: nn.Module, args: Any, output: Any) -> None:
-            outputs.append(output[0] if isinstance(output, tuple) else output)
+        def keep(tensor: torch.Tensor) -> None:
+            outputs.append(reduce(tensor) if reduce else tensor)
 
-        handle = module.register_forward_hook(record)
+        if inputs:
+            handle = module.register_forward_pre_hook(lambda mod, args: keep(args[0]))
+        else:
+            handle = module.register_forward_hook(
+                lambda mod, args, output: keep(output[0] if isinstance(output, tuple) else output)
+            )
         try:
             yield outputs
         finally:

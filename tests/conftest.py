@@ -27,3 +27,16 @@ def runtimes(tiny_models: dict[str, Path]):
 @pytest.fixture(scope="session")
 def sample_corpus() -> Path:
     return SAMPLE_CORPUS
+
+
+@pytest.fixture(scope="session")
+def plain_models(tiny_models):
+    """The same folders loaded with plain transformers, independent of ragidx's runtime."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    loaded = {}
+    for arch, path in tiny_models.items():
+        model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+        loaded[arch] = (model, AutoTokenizer.from_pretrained(path))
+    return loaded

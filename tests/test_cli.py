@@ -274,3 +274,19 @@ def test_a_new_build_removes_leftovers_of_killed_ones(built, tiny_models, sample
     (copy / "vectors-7.faiss").write_bytes(b"from a crash after the FAISS write")
     ragidx("build", sample_corpus / "faq", "--model", tiny_models["qwen2"], "--index", copy)
     assert [p.name for p in copy.glob("vectors-*")] == ["vectors-2.faiss"]
+
+
+def test_aligned_wva_round_trip_with_its_settings_stored(tiny_models, sample_corpus, tmp_path):
+    index = tmp_path / "index"
+    args = ("build", sample_corpus / "faq", "--model", tiny_models["llama"], "--index", index)
+    summary = json.loads(ragidx(*args, "--strategy", "aligned-wva", "--layers", "1-3", "--json").stdout)
+    assert summary["strategy_notes"] == {"layer_source": "--layers", "exit_layer": 3}
+    info = json.loads(ragidx("info", "--index", index, "--json").stdout)
+    assert info["strategy_params"]["layers"] == [1, 2, 3] and info["strategy_params"]["prompt"] == "futureeol"
+    with sqlite3.connect(index / "ragidx.db") as db:
+        chunk_id, text = db.execute("select id, text from chunks order by id desc limit 1").fetchone()
+    assert top_hit(index, text)["chunk_id"] == chunk_id
+    assert_one_line_error(
+        ragidx(*args, "--strategy", "mean", "--layers", "2", "--rebuild", check=False),
+        "--layers does not apply to strategy 'mean'",
+    )

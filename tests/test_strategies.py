@@ -9,7 +9,6 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies import REGISTRY, create_strategy
 from ragidx.indexer.strategies.base import preprocess_for_prompt
 from tiny_models import DECODERS
-from transformers import AutoModel, AutoTokenizer
 
 TEXTS = [
     "A heat pump moves heat instead of making it.",
@@ -19,16 +18,6 @@ TEXTS = [
     "coast passes through as the Earth turns; spring tides follow new and full moons.",
     "Short.",
 ]
-
-
-@pytest.fixture(scope="module")
-def plain_models(tiny_models):
-    """The same folders loaded with plain transformers, independent of ragidx's runtime."""
-    loaded = {}
-    for arch, path in tiny_models.items():
-        model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
-        loaded[arch] = (model, AutoTokenizer.from_pretrained(path))
-    return loaded
 
 
 def plain_final_states(model, tokenizer, text: str) -> torch.Tensor:

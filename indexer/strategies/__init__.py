@@ -8,11 +8,16 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import BatchSettings, Role, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.prompts import PromptEOL
+from ragidx.indexer.strategies.value_aggregation import AlignedWeightedValues, ValueVectors, WeightedValues
 
 if TYPE_CHECKING:
     from ragidx.indexer.runtime import ModelRuntime
 
-REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (MeanPooling, LastTokenPooling, PromptEOL)}
+REGISTRY: dict[str, type[Strategy]] = {
+    cls.name: cls
+    for cls in (MeanPooling, LastTokenPooling, PromptEOL, AlignedWeightedValues, WeightedValues, ValueVectors)
+}
+COMMON_PARAMS = frozenset({"document_template", "query_template", "max_length", "batch"})
 
 __all__ = ["REGISTRY", "BatchSettings", "Role", "Strategy", "create_strategy", "default_strategy_name"]
 
@@ -30,5 +35,14 @@ def default_strategy_name(runtime: ModelRuntime) -> str:
 
 
 def create_strategy(name: str, runtime: ModelRuntime, **params: Any) -> Strategy:
-    """Build a strategy from its name and stored or user-given parameters."""
-    return strategy_class(name)(runtime, **params)
+    """Build a strategy from its name and stored or user-given parameters.
+
+    Options a strategy does not take are refused by name, so ``--layers`` with ``mean`` is an
+    error rather than silently ignored.
+    """
+    cls = strategy_class(name)
+    foreign = sorted(set(params) - COMMON_PARAMS - cls.options)
+    if foreign:
+        flags = ", ".join("--" + key.replace("_", "-") for key in foreign)
+        raise RagidxError(f"{flags} does not apply to strategy '{name}'")
+    return cls(runtime, **params)

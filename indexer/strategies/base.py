@@ -74,6 +74,7 @@ class Strategy(ABC):
     default_document_template: ClassVar[str] = TEXT_SLOT
     default_query_template: ClassVar[str] = TEXT_SLOT
     preprocess_text: ClassVar[bool] = False
+    options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
@@ -106,6 +107,11 @@ class Strategy(ABC):
             "query_template": self.query_template,
             "max_length": self.max_length,
         }
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        """Facts worth recording that follow from the parameters (where a layer set came from...)."""
+        return {}
 
     @property
     def dimension(self) -> int:

@@ -1,0 +1,185 @@
+"""Value Aggregation (Value Aggregation / AlignedWVA paper): vectors from attention values.
+
+``va`` averages the value projections of every token; ``wva`` takes the last token's
+attention-weighted values (the input of ``o_proj``); ``aligned-wva`` takes the same after
+``o_proj``, i.e. the attention block's output before the residual add. Each is averaged over a
+layer set S, and the forward pass stops after max(S).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.base import TEXT_SLOT, Strategy, render
+from ragidx.indexer.strategies.layers import parse_layers, relative_layers
+from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
+from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
+
+if TYPE_CHECKING:
+    import torch
+    from ragidx.indexer.runtime import Batch, ModelRuntime
+    from torch import nn
+
+FUTUREEOL_TEMPLATE = "Forecasting the subsequent tokens {text} in one word:"
+PROMPTS = {"futureeol": FUTUREEOL_TEMPLATE, "prompteol": PROMPTEOL_TEMPLATE, "none": TEXT_SLOT}
+
+# The paper's layer sets, recognised from the config so that renamed copies still match.
+PAPER_LAYER_SETS: tuple[tuple[str, dict[str, Any], tuple[int, ...]], ...] = (
+    (
+        "Llama-2-7B",
+        {
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "intermediate_size": 11008,
+            "vocab_size": 32000,
+        },
+        tuple(range(20, 28)),
+    ),
+    (
+        "Qwen3-8B",
+        {"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288},
+        (26, 27, 29, 30, 31),
+    ),
+)
+RELATIVE_DEPTH = (0.65, 0.85)
+
+
+def default_layer_set(config: Any) -> tuple[list[int], str]:
+    """The paper's set for a model it names, else every layer in the 65%-85% depth band."""
+    for name, fingerprint, layers in PAPER_LAYER_SETS:
+        if all(getattr(config, key, None) == value for key, value in fingerprint.items()):
+            return list(layers), f"paper ({name})"
+    low, high = RELATIVE_DEPTH
+    return relative_layers(config.num_hidden_layers, low, high), f"relative depth {low:.2f}-{high:.2f}"
+
+
+class ValueAggregation(Strategy):
+    """Shared machinery: prompt choice, layer set, one reading per layer, mean over layers."""
+
+    options: ClassVar[frozenset[str]] = frozenset(
+        {"prompt", "layers", "query_instruction", "normalize_layers"}
+    )
+    default_prompt: ClassVar[str]
+    reads_module_input: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        *,
+        prompt: str | None = None,
+        layers: str | Sequence[int] | None = None,
+        query_instruction: str | None = None,
+        normalize_layers: bool = False,
+        document_template: str | None = None,
+        query_template: str | None = None,
+        **common: Any,
+    ):
+        self.prompt = prompt or self.default_prompt
+        if self.prompt not in PROMPTS:
+            raise RagidxError(f"unknown prompt '{self.prompt}': choose one of {', '.join(PROMPTS)}")
+        self.preprocess_text = self.prompt != "none"
+        template = PROMPTS[self.prompt]
+        self.query_instruction = query_instruction
+        if query_instruction and not query_template:
+            query_template = render(template, f"{query_instruction} {TEXT_SLOT}")
+        super().__init__(
+            runtime,
+            document_template=document_template or template,
+            query_template=query_template or template,
+            **common,
+        )
+        if layers is None:
+            self.layers, self.layer_source = default_layer_set(runtime.model.config)
+        else:
+            self.layers, self.layer_source = parse_layers(layers, runtime.arch.num_layers), "--layers"
+        self.normalize_layers = normalize_layers
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {
+            **super().params,
+            "prompt": self.prompt,
+            "layers": self.layers,
+            "query_instruction": self.query_instruction,
+            "normalize_layers": self.normalize_layers,
+        }
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        notes = {"layer_source": self.layer_source, "exit_layer": max(self.layers)}
+        if self.runtime.arch.model_type == "gemma2":
+            notes["gemma2_readout"] = "self_attn output before post_attention_layernorm"
+        return notes
+
+    @abstractmethod
+    def module(self, layer: int) -> nn.Module:
+        """The module whose output (or input) is read at ``layer``."""
+
+    def reduce(self, states: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """One vector per row from the module's [batch, tokens, dim] tensor."""
+        return last_real_token(states, batch)
+
+    def readout(self, batch: Batch) -> torch.Tensor:
+        import torch
+
+        with contextlib.ExitStack() as stack:
+            readings = [
+                stack.enter_context(
+                    self.runtime.capture(
+                        self.module(layer), lambda t: self.reduce(t, batch), inputs=self.reads_module_input
+                    )
+                )
+                for layer in self.layers
+            ]
+            self.runtime.forward(batch, stop_after=max(self.layers))
+        per_layer = torch.stack([reading[0] for reading in readings])
+        if self.normalize_layers:
+            per_layer = torch.nn.functional.normalize(per_layer, dim=-1)
+        return per_layer.mean(dim=0)
+
+
+class ValueVectors(ValueAggregation):
+    name = "va"
+    description = "mean of every token's attention values (v_proj) over a layer set; prompt-free"
+    paper = "Value Aggregation (VA), Value Aggregation / AlignedWVA paper"
+    default_prompt = "none"
+
+    @property
+    def dimension(self) -> int:
+        return self.runtime.arch.num_kv_heads * self.runtime.arch.head_dim
+
+    def module(self, layer: int) -> nn.Module:
+        return self.runtime.arch.attention(layer).v_proj
+
+    def reduce(self, states: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return masked_mean(states, batch.attention_mask)
+
+
+class WeightedValues(ValueAggregation):
+    name = "wva"
+    description = "last token's attention-weighted values (o_proj input) over a layer set, FutureEOL prompt"
+    paper = "Weighted Value Aggregation (WVA), Value Aggregation / AlignedWVA paper"
+    default_prompt = "futureeol"
+    reads_module_input = True
+
+    @property
+    def dimension(self) -> int:
+        return self.runtime.arch.num_heads * self.runtime.arch.head_dim
+
+    def module(self, layer: int) -> nn.Module:
+        return self.runtime.arch.attention(layer).o_proj
+
+
+class AlignedWeightedValues(ValueAggregation):
+    name = "aligned-wva"
+    description = "last token's attention output (after o_proj) over a layer set, FutureEOL; short texts"
+    paper = "AlignedWVA, Value Aggregation / AlignedWVA paper"
+    default_prompt = "futureeol"
+
+    def module(self, layer: int) -> nn.Module:
+        return self.runtime.arch.attention(layer)
