@@ -72,6 +72,9 @@ class Index:
 
     def check_compatible(self, model: str | None = None, strategy: str | None = None) -> None:
         """Refuse a query that names another model or strategy than the index was built with."""
+        from ragidx.indexer.runtime import canonical_model_id
+
+        model = canonical_model_id(model) if model else None
         for option, given, stored in (
             ("--model", model, self.meta["model"]),
             ("--strategy", strategy, self.meta["strategy"]),

@@ -121,7 +121,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             runtime.tokenizer, options.chunk_tokens, options.overlap_sentences, options.spacy_model
         )
         settings = {
-            "model": options.model,
+            "model": runtime.model_id,
             "model_revision": runtime.revision,
             "model_type": runtime.arch.model_type,
             "strategy": name,
@@ -145,7 +145,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
     return BuildReport(
         index_dir=str(options.index_dir),
         generation=generation,
-        model=options.model,
+        model=runtime.model_id,
         strategy=name,
         strategy_reason=reason,
         strategy_notes=strategy.notes,

@@ -307,6 +307,12 @@ def _locate_model(model: str) -> tuple[str, bool]:
     return model, False
 
 
+def canonical_model_id(model: str) -> str:
+    """A local folder as its absolute path (so an index works from any directory), a hub id as given."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.is_dir() else model
+
+
 def _not_found(model: str, reason: str) -> RagidxError:
     return RagidxError(
         f"model '{model}' could not be loaded ({reason}); without hub access, download the model "
@@ -361,7 +367,7 @@ def load_runtime(
         # Padding is always masked out, so any id will do; EOS is what decoders usually lack a pad for.
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     network_model.to(device).eval().requires_grad_(False)
-    return ModelRuntime(network_model, tokenizer, model, getattr(config, "_commit_hash", None))
+    return ModelRuntime(network_model, tokenizer, location, getattr(config, "_commit_hash", None))
 
 
 def _quiet_hub_logs() -> None:

@@ -194,9 +194,14 @@ def test_unreadable_files_are_skipped_and_reported(tiny_models, sample_corpus, t
     shutil.copytree(sample_corpus / "faq", docs)
     os.symlink(docs / "gone.md", docs / "broken.md")
     (docs / "blob.txt").write_bytes(b"\x00" * 100)
-    result = ragidx("build", docs, "--model", tiny_models["qwen2"], "--index", tmp_path / "i")
+    model = tiny_models["qwen2"]
+    result = ragidx("build", docs, "--model", model.name, "--index", tmp_path / "i", cwd=model.parent)
     assert "skipped 2 files:" in result.stdout
     assert "broken.md: unreadable" in result.stdout and "blob.txt: binary content" in result.stdout
+    # The relative model folder is stored absolute, so the index works from any directory.
+    assert json.loads(ragidx("info", "--index", tmp_path / "i", "--json").stdout)["model"] == str(
+        model.resolve()
+    )
 
 
 def test_corrupt_database_is_a_one_line_error(built, tmp_path):
