@@ -117,6 +117,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             batch=BatchSettings(max_rows=options.batch_size, max_tokens=options.max_batch_tokens),
             **options.strategy_options,
         )
+        notes = strategy.notes
         chunker = Chunker(
             runtime.tokenizer, options.chunk_tokens, options.overlap_sentences, options.spacy_model
         )
@@ -136,7 +137,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         meta = {
             **settings,
             "strategy_reason": reason,
-            "strategy_notes": strategy.notes,
+            "strategy_notes": notes,
             "dimension": strategy.dimension,
             "dtype": str(runtime.dtype).removeprefix("torch."),
             "ragidx_version": __version__,
@@ -148,7 +149,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         model=runtime.model_id,
         strategy=name,
         strategy_reason=reason,
-        strategy_notes=strategy.notes,
+        strategy_notes=notes,
         documents=len(records),
         chunks=len(vectors),
         tokens=sum(c.token_count for r in records for c in r.chunks),

@@ -289,28 +289,28 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return {"cuda": "bfloat16", "mps": "float16"}.get(device, "float32")
 
 
-def _locate_model(model: str) -> tuple[str, bool]:
-    """Return where to load ``model`` from and whether it is a local folder.
-
-    Local folders win; a hub id is looked up in the local cache before the network so that
-    an offline machine fails fast instead of retrying for half a minute.
-    """
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise RagidxError(
-                f"model folder '{model}' has no config.json: it is not a Hugging Face model folder"
-            )
-        return str(path.resolve()), True
-    if path.exists() or model.startswith((".", "/", "~")):
-        raise RagidxError(f"model folder '{model}' does not exist")
-    return model, False
-
-
 def canonical_model_id(model: str) -> str:
     """A local folder as its absolute path (so an index works from any directory), a hub id as given."""
     path = Path(model).expanduser()
     return str(path.resolve()) if path.is_dir() else model
+
+
+def _locate_model(model: str) -> str:
+    """Where to load ``model`` from: a checked local folder, or the hub id itself.
+
+    Local folders win; a hub id is looked up in the local cache before the network so that
+    an offline machine fails fast instead of retrying for half a minute.
+    """
+    location = canonical_model_id(model)
+    if Path(location).is_dir():
+        if not (Path(location) / "config.json").is_file():
+            raise RagidxError(
+                f"model folder '{model}' has no config.json: it is not a Hugging Face model folder"
+            )
+        return location
+    if Path(model).expanduser().exists() or model.startswith((".", "/", "~")):
+        raise RagidxError(f"model folder '{model}' does not exist")
+    return model
 
 
 def _not_found(model: str, reason: str) -> RagidxError:
@@ -320,11 +320,10 @@ def _not_found(model: str, reason: str) -> RagidxError:
     )
 
 
-def load_config(model: str, trust_remote_code: bool = False) -> Any:
+def _load_config(location: str, model: str, trust_remote_code: bool) -> Any:
     """Read a model's config from a local folder, the hub cache, or the hub (in that order)."""
     from transformers import AutoConfig
 
-    location, _ = _locate_model(model)
     _quiet_hub_logs()
     try:
         return AutoConfig.from_pretrained(
@@ -346,10 +345,10 @@ def load_runtime(
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    config = load_config(model, trust_remote_code)
+    location = _locate_model(model)
+    config = _load_config(location, model, trust_remote_code)
     if config.model_type not in DECODER_TYPES + ENCODER_TYPES:
         raise unsupported_architecture(config.model_type)
-    location, _ = _locate_model(model)
     device = resolve_device(device)
     torch_dtype = getattr(torch, resolve_dtype(dtype, device))
     try:
