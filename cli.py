@@ -37,7 +37,17 @@ def _device_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )
 
 
-STRATEGY_OPTIONS = ("prompt", "layers", "query_instruction", "normalize_layers")
+STRATEGY_OPTIONS = (
+    "prompt",
+    "layers",
+    "query_instruction",
+    "normalize_layers",
+    "rewire",
+    "exit_layer",
+    "block_sentences",
+    "placeholder_init",
+    "pool",
+)
 
 
 def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -54,6 +64,27 @@ def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--normalize-layers", is_flag=True, default=None, help="L2-normalise each layer before averaging."
+        ),
+        click.option(
+            "--rewire", default=None, help="htp/tp: rewire before layers START..STOP-1, e.g. 1-7 (1-1: none)."
+        ),
+        click.option(
+            "--exit-layer",
+            type=int,
+            default=None,
+            help="htp/tp: layer whose output is read (-2: second to last).",
+        ),
+        click.option(
+            "--block-sentences", type=click.IntRange(min=1), default=None, help="htp: sentences per block."
+        ),
+        click.option(
+            "--placeholder-init",
+            type=click.Choice(["mean", "randn"]),
+            default=None,
+            help="htp/tp: embedding rows of <PST>/<B-PST>.",
+        ),
+        click.option(
+            "--pool", type=click.Choice(["mean", "last"]), default=None, help="tp: readout pooling."
         ),
     ]
     for option in reversed(options):
@@ -100,14 +131,16 @@ def cli(debug: bool) -> None:
     help="Padded tokens per forward pass.",
 )
 @click.option(
-    "--max-length", type=click.IntRange(min=8), default=None, help="Longest templated input in tokens."
+    "--max-length",
+    type=click.IntRange(min=8),
+    default=None,
+    help="Longest templated input in tokens (default 512; htp: 8192; capped at the model's context).",
 )
 @click.option(
     "--chunk-tokens",
     type=click.IntRange(min=8),
-    default=256,
-    show_default=True,
-    help="Token budget of a chunk.",
+    default=None,
+    help="Token budget of a chunk (default 256; htp: 1024).",
 )
 @click.option(
     "--overlap-sentences",

@@ -32,7 +32,7 @@ class BuildOptions:
     batch_size: int = 32
     max_batch_tokens: int = 16384
     max_length: int | None = None
-    chunk_tokens: int = 256
+    chunk_tokens: int | None = None
     overlap_sentences: int = 1
     spacy_model: str | None = None
     document_template: str | None = None
@@ -119,7 +119,10 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         )
         notes = strategy.notes
         chunker = Chunker(
-            runtime.tokenizer, options.chunk_tokens, options.overlap_sentences, options.spacy_model
+            runtime.tokenizer,
+            options.chunk_tokens or strategy.default_chunk_tokens,
+            options.overlap_sentences,
+            options.spacy_model,
         )
         settings = {
             "model": runtime.model_id,
@@ -191,7 +194,11 @@ def _chunk_documents(
 def _embed(records: Sequence[DocumentRecord], strategy: Any, progress: bool) -> np.ndarray:
     from tqdm import tqdm
 
-    texts = [chunk.text for record in records for chunk in record.chunks]
+    chunks = [chunk for record in records for chunk in record.chunks]
+    texts = [chunk.text for chunk in chunks]
+    sentences = [
+        [(start - chunk.start, end - chunk.start) for start, end in chunk.sentences] for chunk in chunks
+    ]
     out = np.zeros((len(texts), strategy.dimension), dtype=np.float32)
     started = time.perf_counter()
     tokens = 0
@@ -206,7 +213,6 @@ def _embed(records: Sequence[DocumentRecord], strategy: Any, progress: bool) -> 
             bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - started, 1e-9):.0f}")
 
         for first in range(0, len(texts), EMBED_SLICE):
-            out[first : first + EMBED_SLICE] = strategy.encode(
-                texts[first : first + EMBED_SLICE], "document", advance
-            )
+            window = slice(first, first + EMBED_SLICE)
+            out[window] = strategy.encode(texts[window], "document", advance, sentences[window])
     return out

@@ -295,3 +295,31 @@ def test_aligned_wva_round_trip_with_its_settings_stored(tiny_models, sample_cor
         ragidx(*args, "--strategy", "mean", "--layers", "2", "--rebuild", check=False),
         "--layers does not apply to strategy 'mean'",
     )
+
+
+def test_htp_round_trip_embeds_chunks_with_their_own_sentences(tiny_models, sample_corpus, tmp_path):
+    import faiss
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy
+
+    index = tmp_path / "index"
+    args = ("build", sample_corpus / "articles", "--model", tiny_models["llama"], "--index", index)
+    summary = json.loads(ragidx(*args, "--strategy", "htp", "--json").stdout)
+    assert summary["strategy_notes"]["exit_layer"] == 4 and summary["strategy_notes"]["rewire_source"]
+    info = json.loads(ragidx("info", "--index", index, "--json").stdout)
+    params = info["strategy_params"]
+    assert params["rewire"] == [1, 2] and params["block_sentences"] == 1 and params["max_length"] == 4096
+    assert info["chunker"]["chunk_tokens"] == 1024
+    with sqlite3.connect(index / "ragidx.db") as db:
+        rows = db.execute("select id, text, char_start, sentences from chunks order by id").fetchall()
+    stored = faiss.read_index(str(index / f"vectors-{summary['generation']}.faiss"))
+    strategy = create_strategy("htp", load_runtime(str(tiny_models["llama"]), device="cpu", dtype="float32"))
+    for chunk_id, text, start, sentences in rows[:3]:
+        spans = [(a - start, b - start) for a, b in json.loads(sentences)]
+        expected = strategy.encode([text], sentences=[spans])[0]
+        np.testing.assert_allclose(stored.reconstruct(chunk_id), expected, atol=1e-5)
+    hits = json.loads(ragidx("query", "Why do lighthouses flash?", "--index", index, "--json").stdout)
+    query = strategy.encode(["Why do lighthouses flash?"], "query")[0]
+    assert hits[0]["score"] == pytest.approx(
+        max(float(stored.reconstruct(i) @ query) for i, *_ in rows), abs=1e-5
+    )

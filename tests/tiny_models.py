@@ -93,13 +93,16 @@ def _config(arch: str, vocab_size: int):
     raise ValueError(arch)
 
 
-def save_tiny_model(arch: str, folder: Path, tokenizer=None, seed: int = 0) -> Path:
-    """Build a random ``arch`` model with its tokenizer and save both to ``folder``."""
+def save_tiny_model(arch: str, folder: Path, tokenizer=None, seed: int = 0, extra_rows: int = 0) -> Path:
+    """Build a random ``arch`` model with its tokenizer and save both to ``folder``.
+
+    ``extra_rows`` gives the embedding matrix spare rows beyond the tokenizer, as Qwen checkpoints have.
+    """
     import torch
     from transformers import AutoModelForCausalLM, BertModel
 
     tokenizer = tokenizer or train_tokenizer()
-    config = _config(arch, tokenizer.get_vocab_size())
+    config = _config(arch, tokenizer.get_vocab_size() + extra_rows)
     torch.manual_seed(seed)
     if arch == ENCODER:
         model = BertModel(config)

@@ -8,6 +8,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import BatchSettings, Role, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.prompts import PromptEOL
+from ragidx.indexer.strategies.token_prepending import GlobalTokenPrepending, HierarchicalTokenPrepending
 from ragidx.indexer.strategies.value_aggregation import AlignedWeightedValues, ValueVectors, WeightedValues
 
 if TYPE_CHECKING:
@@ -15,7 +16,16 @@ if TYPE_CHECKING:
 
 REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls
-    for cls in (MeanPooling, LastTokenPooling, PromptEOL, AlignedWeightedValues, WeightedValues, ValueVectors)
+    for cls in (
+        MeanPooling,
+        LastTokenPooling,
+        PromptEOL,
+        HierarchicalTokenPrepending,
+        GlobalTokenPrepending,
+        AlignedWeightedValues,
+        WeightedValues,
+        ValueVectors,
+    )
 }
 COMMON_PARAMS = frozenset({"document_template", "query_template", "max_length", "batch"})
 

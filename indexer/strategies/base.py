@@ -12,12 +12,21 @@ from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
     import torch
+    from ragidx.indexer.chunking import Span
     from ragidx.indexer.runtime import Batch, ModelRuntime
 
 Role = Literal["document", "query"]
 ROLES: tuple[Role, ...] = ("document", "query")
 TEXT_SLOT = "{text}"
 ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class PreparedText:
+    """A text as the model will see it; strategies that need more than ids (placeholder
+    positions, which tokens to pool) subclass it."""
+
+    ids: list[int]
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,8 @@ class Strategy(ABC):
     default_query_template: ClassVar[str] = TEXT_SLOT
     preprocess_text: ClassVar[bool] = False
     options: ClassVar[frozenset[str]] = frozenset()
+    default_max_length: ClassVar[int] = 512
+    default_chunk_tokens: ClassVar[int] = 256
 
     def __init__(
         self,
@@ -95,7 +106,7 @@ class Strategy(ABC):
             document_template or self.default_document_template, "document template"
         )
         self.query_template = check_template(query_template or self.default_query_template, "query template")
-        self.max_length = min(max_length or 512, runtime.max_positions)
+        self.max_length = min(max_length or self.default_max_length, runtime.max_positions)
         self.batch = batch or BatchSettings()
         self.truncated = 0
 
@@ -117,10 +128,14 @@ class Strategy(ABC):
     def dimension(self) -> int:
         return self.runtime.arch.hidden_size
 
-    def template_for(self, role: Role) -> str:
+    @staticmethod
+    def check_role(role: str) -> Role:
         if role not in ROLES:
             raise RagidxError(f"unknown role '{role}': choose document or query")
-        return self.document_template if role == "document" else self.query_template
+        return role  # type: ignore[return-value]
+
+    def template_for(self, role: Role) -> str:
+        return self.document_template if self.check_role(role) == "document" else self.query_template
 
     def token_ids(self, text: str, role: Role) -> list[int]:
         """Templated token ids; an over-long text is cut inside the template, never the template."""
@@ -141,19 +156,36 @@ class Strategy(ABC):
                 return ids[: self.max_length]
             keep -= 1
 
+    def prepare(
+        self, texts: Sequence[str], role: Role, sentences: Sequence[Sequence[Span]] | None
+    ) -> list[PreparedText]:
+        """Token ids for each text; ``sentences`` (spans into each text) matter only to some strategies."""
+        return [PreparedText(self.token_ids(text, role)) for text in texts]
+
     def encode(
-        self, texts: Sequence[str], role: Role = "document", progress: ProgressCallback | None = None
+        self,
+        texts: Sequence[str],
+        role: Role = "document",
+        progress: ProgressCallback | None = None,
+        sentences: Sequence[Sequence[Span]] | None = None,
     ) -> np.ndarray:
-        """Vectors for ``texts`` in their order, float32 and L2-normalised, shape (n, dimension)."""
-        sequences = [self.token_ids(text, role) for text in texts]
+        """Vectors for ``texts`` in their order, float32 and L2-normalised, shape (n, dimension).
+
+        ``sentences`` gives each text's sentence spans where the caller already has them (the
+        chunker does); strategies that need sentences split the text themselves otherwise.
+        """
+        if sentences is not None and len(sentences) != len(texts):
+            raise ValueError("sentences must have one entry per text")
+        prepared = self.prepare(texts, self.check_role(role), sentences)
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        sequences = [row.ids for row in prepared]
         for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):
-            vectors = self.readout(batch)
+            vectors = self.readout(batch, [prepared[i] for i in batch.indices])
             out[batch.indices] = vectors.float().cpu().numpy()
             if progress:
                 progress(len(batch.indices), int(batch.lengths.sum()))
         return l2_normalise(out)
 
     @abstractmethod
-    def readout(self, batch: Batch) -> torch.Tensor:
+    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         """One un-normalised vector per row of the batch, shape (rows, dimension)."""

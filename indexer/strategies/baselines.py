@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ragidx.indexer.strategies.base import Strategy
+from ragidx.indexer.strategies.base import PreparedText, Strategy
 from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ class MeanPooling(Strategy):
     paper = "baseline (sentence-transformers mean pooling)"
     decoder_only = False
 
-    def readout(self, batch: Batch) -> torch.Tensor:
+    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         return masked_mean(self.runtime.forward(batch), batch.attention_mask)
 
 
@@ -31,5 +32,5 @@ class LastTokenPooling(Strategy):
     description = "final-layer state of the last token (causal models only)"
     paper = "baseline"
 
-    def readout(self, batch: Batch) -> torch.Tensor:
+    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         return last_real_token(self.runtime.forward(batch), batch)

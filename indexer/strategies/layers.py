@@ -38,3 +38,26 @@ def relative_layers(num_layers: int, low: float, high: float) -> list[int]:
     """Every layer from round(low·L) to round(high·L), inclusive, kept inside the model."""
     first = min(round(low * num_layers), num_layers - 1)
     return list(range(first, min(round(high * num_layers), num_layers - 1) + 1))
+
+
+def parse_window(spec: str | Sequence[int], num_layers: int, option: str = "--rewire") -> tuple[int, int]:
+    """``"1-7"`` to the half-open layer window [1, 7); ``"1-1"`` is an empty window."""
+    try:
+        if isinstance(spec, str):
+            first, _, last = spec.partition("-")
+            start, stop = int(first), int(last)
+        else:
+            start, stop = (int(value) for value in spec)
+    except ValueError:
+        raise RagidxError(f"{option} {spec!r}: use START-STOP, e.g. 1-7 (layers START to STOP-1)") from None
+    if not 0 <= start <= stop <= num_layers:
+        raise RagidxError(f"{option} {spec!r}: need 0 <= START <= STOP <= {num_layers} for this model")
+    return start, stop
+
+
+def resolve_layer(layer: int, num_layers: int, option: str) -> int:
+    """A 0-based layer index; negative values count from the end as in Python (-2: second to last)."""
+    resolved = layer + num_layers if layer < 0 else layer
+    if not 0 <= resolved < num_layers:
+        raise RagidxError(f"{option} {layer}: the model has layers 0-{num_layers - 1}")
+    return resolved

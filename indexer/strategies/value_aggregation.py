@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.strategies.base import TEXT_SLOT, Strategy, render
+from ragidx.indexer.strategies.base import TEXT_SLOT, PreparedText, Strategy, render
 from ragidx.indexer.strategies.layers import parse_layers, relative_layers
 from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
 from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
@@ -124,7 +124,7 @@ class ValueAggregation(Strategy):
         """One vector per row from the module's [batch, tokens, dim] tensor."""
         return last_real_token(states, batch)
 
-    def readout(self, batch: Batch) -> torch.Tensor:
+    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         import torch
 
         with contextlib.ExitStack() as stack:

@@ -1,0 +1,343 @@
+"""Token Prepending (TP) and Hierarchical Token Prepending (HTP), methods.md §6.
+
+Causal attention keeps early tokens from seeing later ones. Both strategies insert placeholder
+tokens and, before each layer of an early window, overwrite their hidden states with summaries
+of later text, so every token can attend to them. ``htp`` puts a ``<PST>`` before each block of
+sentences (filled from the block's last token) and a ``<B-PST>`` per block at the front (filled
+from that ``<PST>``); ``tp`` puts one ``<PST>`` before the text, filled from the last token. The
+readout is an intermediate layer's output, and the forward pass stops there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.base import PreparedText, Role, Strategy, preprocess_for_prompt
+from ragidx.indexer.strategies.layers import parse_window, resolve_layer
+from ragidx.indexer.strategies.placeholders import install_placeholders
+from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
+from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
+
+if TYPE_CHECKING:
+    import torch
+    from ragidx.indexer.chunking import Chunker, Span
+    from ragidx.indexer.runtime import Batch, ModelRuntime
+    from torch import nn
+
+RETRIEVAL_QUERY_TEMPLATE = "Retrieve relevant document. Text:{text}"
+PAPER_REWIRE_STOP = {32: 7}  # the HTP code's window for 32-layer models (Mistral-7B)
+REWIRE_DEPTH = 0.22
+POOLS = ("mean", "last")
+
+
+def default_window(num_layers: int) -> tuple[tuple[int, int], str]:
+    """Rewire before layers [1, stop): the authors' stop for 32 layers, else max(2, round(0.22·L))."""
+    if num_layers in PAPER_REWIRE_STOP:
+        return (1, PAPER_REWIRE_STOP[num_layers]), f"HTP code default for {num_layers}-layer models"
+    stop = min(max(2, round(REWIRE_DEPTH * num_layers)), num_layers)
+    return (min(1, stop), stop), f"1 to max(2, round({REWIRE_DEPTH}·L))"
+
+
+@dataclass(frozen=True)
+class TemplateParts:
+    """A template cut at its ``{text}`` slot, as token ids, with the tokenizer's own specials."""
+
+    lead: list[int]
+    prefix: list[int]
+    suffix: list[int]
+    trail: list[int]
+
+    @property
+    def overhead(self) -> int:
+        return len(self.lead) + len(self.prefix) + len(self.suffix) + len(self.trail)
+
+
+def template_parts(tokenizer: Any, template: str) -> TemplateParts:
+    """Split ``template`` around ``{text}``; BOS (and any trailing special) comes from the tokenizer."""
+    before, _, after = template.partition("{text}")
+    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
+    full = tokenizer("x")["input_ids"]
+    start = next(i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain)
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    return TemplateParts(full[:start], ids(before), ids(after), full[start + len(plain) :])
+
+
+@dataclass(frozen=True)
+class PrependedText(PreparedText):
+    """Ids plus where the placeholders sit. ``summaries[j]`` is filled from ``sources[j]`` and then
+    copied to ``broadcasts[j]`` (when there are broadcasts); ``pooled`` are the text's own tokens."""
+
+    summaries: list[int]
+    sources: list[int]
+    broadcasts: list[int]
+    pooled: list[int]
+
+
+class Rewiring:
+    """The copies of one batch as index tensors, applied by a forward pre-hook on a decoder layer."""
+
+    def __init__(self, rows: Sequence[PrependedText], device: torch.device):
+        import torch
+
+        local: list[tuple[int, int, int]] = []  # (row, <PST> position, its source position)
+        broadcast: list[tuple[int, int, int]] = []  # (row, <B-PST> position, its <PST> position)
+        for index, row in enumerate(rows):
+            local += [
+                (index, summary, source) for summary, source in zip(row.summaries, row.sources, strict=True)
+            ]
+            broadcast += [
+                (index, b, summary)
+                for b, summary in zip(row.broadcasts, row.summaries, strict=bool(row.broadcasts))
+            ]
+
+        def columns(triples: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+            table = torch.tensor(triples, dtype=torch.long, device=device).reshape(-1, 3)
+            return [table[:, 0], table[:, 1], table[:, 2]]
+
+        self.rows, self.summaries, self.sources = columns(local)
+        self.broadcast_rows, self.broadcasts, self.broadcast_summaries = columns(broadcast)
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden = args[0].clone()
+        hidden[self.rows, self.summaries] = hidden[self.rows, self.sources]
+        hidden[self.broadcast_rows, self.broadcasts] = hidden[self.broadcast_rows, self.broadcast_summaries]
+        return (hidden, *args[1:])
+
+
+class TokenPrepending(Strategy):
+    """Shared machinery: placeholders, the rewiring window, the exit layer and the readout."""
+
+    options: ClassVar[frozenset[str]] = frozenset({"rewire", "exit_layer", "placeholder_init"})
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        *,
+        rewire: str | Sequence[int] | None = None,
+        exit_layer: int | None = None,
+        placeholder_init: str = "mean",
+        **common: Any,
+    ):
+        super().__init__(runtime, **common)
+        num_layers = runtime.arch.num_layers
+        if rewire is None:
+            self.window, self.window_source = default_window(num_layers)
+        else:
+            self.window, self.window_source = parse_window(rewire, num_layers), "--rewire"
+        self.exit_layer = resolve_layer(
+            num_layers - 2 if exit_layer is None else exit_layer, num_layers, "--exit-layer"
+        )
+        self.placeholder_init = placeholder_init
+        self.placeholders = install_placeholders(runtime, placeholder_init)
+        self.parts = {
+            role: template_parts(runtime.tokenizer, self.template_for(role)) for role in ("document", "query")
+        }
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {
+            **super().params,
+            "rewire": list(self.window),
+            "exit_layer": self.exit_layer,
+            "placeholder_init": self.placeholder_init,
+        }
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        placeholders = self.placeholders
+        rows = (
+            f"grown {placeholders.rows_before} -> {placeholders.rows_after}"
+            if placeholders.rows_after > placeholders.rows_before
+            else f"spare rows reused ({placeholders.rows_before} rows)"
+        )
+        return {
+            "rewire_source": self.window_source,
+            "exit_layer": self.exit_layer,
+            "placeholder_ids": [placeholders.summary_id, placeholders.broadcast_id],
+            "embedding_rows": rows,
+        }
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        return (
+            [list(ids) for ids in self.runtime.tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+            if texts
+            else []
+        )
+
+    def assemble(self, parts: TemplateParts, blocks: Sequence[list[int]], broadcast: bool) -> PrependedText:
+        """prefix + [B-PST]×M (if ``broadcast``) + per block ([PST] + block) + suffix."""
+        ids = parts.lead + parts.prefix
+        broadcasts = list(range(len(ids), len(ids) + len(blocks))) if broadcast else []
+        ids += [self.placeholders.broadcast_id] * len(broadcasts)
+        summaries: list[int] = []
+        sources: list[int] = []
+        pooled: list[int] = []
+        for block in blocks:
+            summaries.append(len(ids))
+            ids.append(self.placeholders.summary_id)
+            pooled.extend(range(len(ids), len(ids) + len(block)))
+            ids += block
+            sources.append(len(ids) - 1)
+        ids += parts.suffix + parts.trail
+        return PrependedText(ids, summaries, sources, broadcasts, pooled)
+
+    def pool(self, states: torch.Tensor, batch: Batch, rows: Sequence[PrependedText]) -> torch.Tensor:
+        """Mean over each text's own tokens: no template, no placeholders."""
+        import torch
+
+        mask = torch.zeros_like(batch.attention_mask)
+        for row_index, row in enumerate(rows):
+            mask[row_index, row.pooled] = 1
+        return masked_mean(states, mask)
+
+    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
+        prepended: list[PrependedText] = list(rows)  # type: ignore[arg-type]
+        self.placeholders.apply(self.runtime.model)
+        rewiring = Rewiring(prepended, batch.input_ids.device)
+        start, stop = self.window
+        layers = self.runtime.arch.layers
+        with contextlib.ExitStack() as stack:
+            for layer in range(start, min(stop, self.exit_layer + 1)):
+                stack.callback(layers[layer].register_forward_pre_hook(rewiring).remove)
+            reading = stack.enter_context(
+                self.runtime.capture(
+                    layers[self.exit_layer], lambda states: self.pool(states, batch, prepended)
+                )
+            )
+            self.runtime.forward(batch, stop_after=self.exit_layer)
+        return reading[0]
+
+
+class HierarchicalTokenPrepending(TokenPrepending):
+    name = "htp"
+    description = "block summaries <PST>/<B-PST> rewired in early layers, mean of layer L-2; long documents"
+    paper = "Hierarchical Token Prepending (HTP)"
+    default_query_template = RETRIEVAL_QUERY_TEMPLATE
+    default_max_length = 8192
+    default_chunk_tokens = 1024
+    options = TokenPrepending.options | {"block_sentences"}
+
+    def __init__(self, runtime: ModelRuntime, *, block_sentences: int = 1, **rest: Any):
+        if block_sentences < 1:
+            raise RagidxError(f"--block-sentences must be at least 1, got {block_sentences}")
+        self.block_sentences = int(block_sentences)
+        super().__init__(runtime, **rest)
+        self._splitter: Chunker | None = None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {**super().params, "block_sentences": self.block_sentences}
+
+    def sentences(self, text: str) -> list[Span]:
+        """Sentence spans for a text that comes without them (queries, ``ragidx embed``)."""
+        if self._splitter is None:
+            from ragidx.indexer.chunking import Chunker
+
+            self._splitter = Chunker(self.runtime.tokenizer, self.max_length, overlap_sentences=0)
+        return self._splitter.sentences(text)
+
+    def prepare(
+        self, texts: Sequence[str], role: Role, sentences: Sequence[Sequence[Span]] | None
+    ) -> list[PreparedText]:
+        parts = self.parts[role]
+        prepared: list[PreparedText] = []
+        for index, text in enumerate(texts):
+            spans = list(sentences[index]) if sentences is not None else self.sentences(text)
+            spans = [(start, end) for start, end in spans if text[start:end].strip()]
+            if not spans:
+                raise RagidxError(f"strategy '{self.name}' cannot embed an empty text")
+            prepared.append(self.assemble(parts, self.fit_blocks(text, spans, parts), broadcast=True))
+        return prepared
+
+    def fit_blocks(self, text: str, spans: Sequence[Span], parts: TemplateParts) -> list[list[int]]:
+        """Token ids of the blocks of ``block_sentences`` sentences that fit ``max_length``.
+
+        Whole trailing sentences are dropped so no placeholder loses its block; only a first
+        sentence that alone is too long is cut. Each block costs its tokens plus two placeholders.
+        """
+        budget = self.max_length - parts.overhead
+        if budget < 3:
+            raise RagidxError(f"--max-length {self.max_length} leaves no room for text in the template")
+        size = self.block_sentences
+        groups = [spans[i : i + size] for i in range(0, len(spans), size)]
+        blocks: list[list[int]] = []
+        used = 0
+        for group, ids in zip(groups, self.tokenize([text[g[0][0] : g[-1][1]] for g in groups]), strict=True):
+            if used + len(ids) + 2 <= budget:
+                blocks.append(ids)
+                used += len(ids) + 2
+                continue
+            self.truncated += 1
+            for keep in range(len(group) - 1, 0, -1):
+                shorter = self.tokenize([text[group[0][0] : group[keep - 1][1]]])[0]
+                if used + len(shorter) + 2 <= budget:
+                    blocks.append(shorter)
+                    break
+            if not blocks:
+                blocks.append(ids[: budget - 2])
+            break
+        return blocks
+
+
+class GlobalTokenPrepending(TokenPrepending):
+    name = "tp"
+    description = "one <PST> before the text, rewired from the last token in early layers; baseline of htp"
+    paper = "Token Prepending (TP), Fu et al. 2024"
+    default_query_template = RETRIEVAL_QUERY_TEMPLATE
+    options = TokenPrepending.options | {"pool"}
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        *,
+        pool: str = "mean",
+        document_template: str | None = None,
+        query_template: str | None = None,
+        **rest: Any,
+    ):
+        if pool not in POOLS:
+            raise RagidxError(f"unknown --pool '{pool}': choose {' or '.join(POOLS)}")
+        self.pooling = pool
+        # Last-token TP is the TP paper's PromptEOL setting; mean pooling uses HTP's templates.
+        self.preprocess_text = pool == "last"
+        default = PROMPTEOL_TEMPLATE if pool == "last" else None
+        super().__init__(
+            runtime,
+            document_template=document_template or default,
+            query_template=query_template or default,
+            **rest,
+        )
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {**super().params, "pool": self.pooling}
+
+    def prepare(
+        self, texts: Sequence[str], role: Role, sentences: Sequence[Sequence[Span]] | None
+    ) -> list[PreparedText]:
+        parts = self.parts[role]
+        budget = self.max_length - parts.overhead - 1
+        if budget < 1:
+            raise RagidxError(f"--max-length {self.max_length} leaves no room for text in the template")
+        if self.preprocess_text:
+            texts = [preprocess_for_prompt(text) for text in texts]
+        prepared: list[PreparedText] = []
+        for ids in self.tokenize(texts):
+            if not ids and self.pooling == "mean":
+                raise RagidxError(f"strategy '{self.name}' with --pool mean cannot embed an empty text")
+            if len(ids) > budget:
+                self.truncated += 1
+            row = self.assemble(parts, [ids[:budget]], broadcast=False)
+            last = len(row.ids) - 1
+            prepared.append(PrependedText(row.ids, row.summaries, [last], [], row.pooled))
+        return prepared
+
+    def pool(self, states: torch.Tensor, batch: Batch, rows: Sequence[PrependedText]) -> torch.Tensor:
+        return last_real_token(states, batch) if self.pooling == "last" else super().pool(states, batch, rows)
