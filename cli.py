@@ -47,6 +47,12 @@ STRATEGY_OPTIONS = (
     "block_sentences",
     "placeholder_init",
     "pool",
+    "icl_demo",
+    "aux_prompt",
+    "cp_layer",
+    "cp_mode",
+    "cp_alpha",
+    "output_layer",
 )
 
 
@@ -56,7 +62,8 @@ def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--prompt",
             default=None,
-            help="Prompt of a value-aggregation strategy: futureeol, prompteol, none.",
+            help="Prompt: futureeol|prompteol|none (value aggregation); prompteol|cot|knowledge or a "
+            "'+'-joined set such as cot+knowledge (cp).",
         ),
         click.option("--layers", default=None, help="Layer set, 0-based, e.g. 20-27 or 26,27,29."),
         click.option(
@@ -86,6 +93,14 @@ def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--pool", type=click.Choice(["mean", "last"]), default=None, help="tp: readout pooling."
         ),
+        click.option("--icl-demo", default=None, help='prompteol: one demonstration, "SENTENCE=>WORD".'),
+        click.option("--aux-prompt", default=None, help="cp: auxiliary template ({text} slot)."),
+        click.option("--cp-layer", type=int, default=None, help="cp: intervention layer l."),
+        click.option(
+            "--cp-mode", type=click.Choice(["ns", "nr"]), default=None, help="cp: norm scaling or recovering."
+        ),
+        click.option("--cp-alpha", type=float, default=None, help="cp: scaling factor of ns."),
+        click.option("--output-layer", type=int, default=None, help="cp: layer whose last token is read."),
     ]
     for option in reversed(options):
         command = option(command)

@@ -182,18 +182,20 @@ class ModelRuntime:
 
     def batches(self, sequences: Sequence[Sequence[int]], max_rows: int, max_tokens: int) -> Iterator[Batch]:
         """Yield right-padded batches of ``sequences`` on the model's device, longest first."""
+        for group in plan_batches([len(s) for s in sequences], max_rows, max_tokens):
+            yield self.pad([sequences[i] for i in group], group)
+
+    def pad(self, sequences: Sequence[Sequence[int]], indices: list[int]) -> Batch:
+        """One right-padded batch of exactly these sequences (``indices`` says whose they are)."""
         import torch
 
-        pad_id = self.tokenizer.pad_token_id
-        for group in plan_batches([len(s) for s in sequences], max_rows, max_tokens):
-            width = max(len(sequences[i]) for i in group)
-            ids = torch.full((len(group), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(group), width), dtype=torch.long)
-            for row, index in enumerate(group):
-                seq = torch.as_tensor(sequences[index], dtype=torch.long)
-                ids[row, : len(seq)] = seq
-                mask[row, : len(seq)] = 1
-            yield Batch(group, ids.to(self.device), mask.to(self.device))
+        width = max(len(seq) for seq in sequences)
+        ids = torch.full((len(sequences), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
+        return Batch(indices, ids.to(self.device), mask.to(self.device))
 
     def forward(self, batch: Batch, stop_after: int | None = None) -> torch.Tensor | None:
         """Run the model on a batch and return the final hidden states (after the final norm).

@@ -323,3 +323,23 @@ def test_htp_round_trip_embeds_chunks_with_their_own_sentences(tiny_models, samp
     assert hits[0]["score"] == pytest.approx(
         max(float(stored.reconstruct(i) @ query) for i, *_ in rows), abs=1e-5
     )
+
+
+def test_cp_settings_are_stored_and_shown(tiny_models, sample_corpus, tmp_path):
+    index = tmp_path / "index"
+    args = ("build", sample_corpus / "faq", "--model", tiny_models["qwen3"], "--index", index)
+    ragidx(*args, "--strategy", "cp", "--prompt", "cot+knowledge", "--cp-mode", "nr", "--cp-layer", "2")
+    params = json.loads(ragidx("info", "--index", index, "--json").stdout)["strategy_params"]
+    assert (params["prompt"], params["cp_mode"], params["cp_layer"], params["output_layer"]) == (
+        "cot+knowledge",
+        "nr",
+        2,
+        4,
+    )
+    assert [t[:26] for t in params["normal_templates"]["query"]] == [
+        "After thinking step by ste",
+        "The essence of a sentence ",
+    ]
+    shown = ragidx("info", "--index", index).stdout
+    assert "strategy.cp_mode" in shown and "irrelevant information" in shown
+    assert len(json.loads(ragidx("query", "compost", "--index", index, "--json", "-k", "2").stdout)) == 2

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import BatchSettings, Role, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
-from ragidx.indexer.strategies.prompts import PromptEOL
+from ragidx.indexer.strategies.contrastive import ContrastivePrompting
+from ragidx.indexer.strategies.echo import Echo
+from ragidx.indexer.strategies.prompts import KnowledgePrompt, PretendedCoT, PromptEOL
 from ragidx.indexer.strategies.token_prepending import GlobalTokenPrepending, HierarchicalTokenPrepending
 from ragidx.indexer.strategies.value_aggregation import AlignedWeightedValues, ValueVectors, WeightedValues
 
@@ -20,6 +22,10 @@ REGISTRY: dict[str, type[Strategy]] = {
         MeanPooling,
         LastTokenPooling,
         PromptEOL,
+        PretendedCoT,
+        KnowledgePrompt,
+        ContrastivePrompting,
+        Echo,
         HierarchicalTokenPrepending,
         GlobalTokenPrepending,
         AlignedWeightedValues,

@@ -30,6 +30,13 @@ class PreparedText:
 
 
 @dataclass(frozen=True)
+class PooledText(PreparedText):
+    """A prepared text whose readout averages a chosen set of positions (the text's own tokens)."""
+
+    pooled: list[int]
+
+
+@dataclass(frozen=True)
 class BatchSettings:
     """How many rows and padded tokens one forward pass may take; never changes a vector."""
 
@@ -57,9 +64,10 @@ def render(template: str, text: str) -> str:
     return template.replace(TEXT_SLOT, text)
 
 
-def check_template(template: str, what: str) -> str:
-    if template.count(TEXT_SLOT) != 1:
-        raise RagidxError(f"{what} must contain {TEXT_SLOT} exactly once: {template!r}")
+def check_template(template: str, what: str, slots: int = 1) -> str:
+    if template.count(TEXT_SLOT) != slots:
+        times = "once" if slots == 1 else f"{slots} times"
+        raise RagidxError(f"{what} must contain {TEXT_SLOT} exactly {times}: {template!r}")
     return template
 
 
@@ -86,6 +94,7 @@ class Strategy(ABC):
     options: ClassVar[frozenset[str]] = frozenset()
     default_max_length: ClassVar[int] = 512
     default_chunk_tokens: ClassVar[int] = 256
+    text_slots: ClassVar[int] = 1
 
     def __init__(
         self,
@@ -103,9 +112,11 @@ class Strategy(ABC):
             )
         self.runtime = runtime
         self.document_template = check_template(
-            document_template or self.default_document_template, "document template"
+            document_template or self.default_document_template, "document template", self.text_slots
         )
-        self.query_template = check_template(query_template or self.default_query_template, "query template")
+        self.query_template = check_template(
+            query_template or self.default_query_template, "query template", self.text_slots
+        )
         self.max_length = min(max_length or self.default_max_length, runtime.max_positions)
         self.batch = batch or BatchSettings()
         self.truncated = 0
@@ -138,8 +149,11 @@ class Strategy(ABC):
         return self.document_template if self.check_role(role) == "document" else self.query_template
 
     def token_ids(self, text: str, role: Role) -> list[int]:
-        """Templated token ids; an over-long text is cut inside the template, never the template."""
-        template = self.template_for(role)
+        """Token ids of ``text`` in the role's template."""
+        return self.templated_ids(text, self.template_for(role))
+
+    def templated_ids(self, text: str, template: str) -> list[int]:
+        """Token ids of ``text`` in ``template``; an over-long text is cut inside it, never the template."""
         if self.preprocess_text:
             text = preprocess_for_prompt(text)
         tokenizer = self.runtime.tokenizer

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
     from ragidx.indexer.runtime import Batch
+    from ragidx.indexer.strategies.base import PooledText
 
 
 def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -22,3 +25,13 @@ def last_real_token(states: torch.Tensor, batch: Batch) -> torch.Tensor:
 
     rows = torch.arange(states.shape[0], device=states.device)
     return states[rows, batch.last_positions.to(states.device)].float()
+
+
+def mean_of_positions(states: torch.Tensor, batch: Batch, rows: Sequence[PooledText]) -> torch.Tensor:
+    """Mean of each row's ``pooled`` positions only (a text's own tokens, not its template)."""
+    import torch
+
+    mask = torch.zeros_like(batch.attention_mask)
+    for index, row in enumerate(rows):
+        mask[index, row.pooled] = 1
+    return masked_mean(states, mask)

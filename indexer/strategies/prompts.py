@@ -1,10 +1,38 @@
-"""Prompt-based last-token strategies: the text is quoted inside a one-word summarisation prompt."""
+"""Prompt-based last-token strategies: the text is quoted inside a one-word summarisation prompt.
+
+The templates are the authors' exact strings (methods.md §2); the readout is the final layer's
+state (after the final norm) at the last token, the quote that opens the one-word answer.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.baselines import LastTokenPooling
 
+if TYPE_CHECKING:
+    from ragidx.indexer.runtime import ModelRuntime
+
 PROMPTEOL_TEMPLATE = 'This sentence : "{text}" means in one word:"'
+COT_TEMPLATE = 'After thinking step by step , this sentence : "{text}" means in one word:"'
+KNOWLEDGE_TEMPLATE = (
+    "The essence of a sentence is often captured by its main subjects and actions, while descriptive "
+    "terms provide additional but less central details. With this in mind , this sentence : "
+    '"{text}" means in one word:"'
+)
+NORMAL_PROMPTS = {"prompteol": PROMPTEOL_TEMPLATE, "cot": COT_TEMPLATE, "knowledge": KNOWLEDGE_TEMPLATE}
+DEMO_SEPARATOR = "=>"
+
+
+def demonstration(icl_demo: str) -> str:
+    """``"A jockey riding a horse.=>Equestrian"`` as the PromptEOL paper's one-shot prefix."""
+    sentence, separator, word = icl_demo.rpartition(DEMO_SEPARATOR)
+    if not separator or not sentence.strip() or not word.strip():
+        raise RagidxError(
+            f'--icl-demo {icl_demo!r}: use "SENTENCE=>WORD", e.g. "A jockey riding a horse.=>Equestrian"'
+        )
+    return f'This sentence : "{sentence.strip()}" means in one word:"{word.strip()}".'
 
 
 class PromptEOL(LastTokenPooling):
@@ -15,4 +43,46 @@ class PromptEOL(LastTokenPooling):
     paper = "Jiang et al. 2023, Scaling Sentence Embeddings with LLMs (PromptEOL)"
     default_document_template = PROMPTEOL_TEMPLATE
     default_query_template = PROMPTEOL_TEMPLATE
+    preprocess_text = True
+    options: ClassVar[frozenset[str]] = frozenset({"icl_demo"})
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        *,
+        icl_demo: str | None = None,
+        document_template: str | None = None,
+        query_template: str | None = None,
+        **common: Any,
+    ):
+        """``icl_demo`` prefixes one worked example (paper §3.2) to both templates, directly before them."""
+        self.icl_demo = icl_demo
+        prefix = demonstration(icl_demo) if icl_demo else ""
+        super().__init__(
+            runtime,
+            document_template=prefix + (document_template or self.default_document_template),
+            query_template=prefix + (query_template or self.default_query_template),
+            **common,
+        )
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {**super().params, "icl_demo": self.icl_demo}
+
+
+class PretendedCoT(LastTokenPooling):
+    name = "cot"
+    description = "PromptEOL with the Pretended Chain-of-Thought prefix (short texts, STS)"
+    paper = "Zhang et al. 2024, Simple Techniques for Enhancing Sentence Embeddings (Pretended CoT)"
+    default_document_template = COT_TEMPLATE
+    default_query_template = COT_TEMPLATE
+    preprocess_text = True
+
+
+class KnowledgePrompt(LastTokenPooling):
+    name = "knowledge"
+    description = "PromptEOL with the Knowledge Enhancement prefix (short texts, STS)"
+    paper = "Zhang et al. 2024, Simple Techniques for Enhancing Sentence Embeddings (Knowledge)"
+    default_document_template = KNOWLEDGE_TEMPLATE
+    default_query_template = KNOWLEDGE_TEMPLATE
     preprocess_text = True

@@ -16,11 +16,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.strategies.base import PreparedText, Role, Strategy, preprocess_for_prompt
+from ragidx.indexer.strategies.base import (
+    ROLES,
+    PooledText,
+    PreparedText,
+    Role,
+    Strategy,
+    preprocess_for_prompt,
+)
 from ragidx.indexer.strategies.layers import parse_window, resolve_layer
 from ragidx.indexer.strategies.placeholders import install_placeholders
-from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
+from ragidx.indexer.strategies.pooling import last_real_token, mean_of_positions
 from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
+from ragidx.indexer.strategies.token_templates import TokenTemplate, tokenize_template
 
 if TYPE_CHECKING:
     import torch
@@ -43,41 +51,13 @@ def default_window(num_layers: int) -> tuple[tuple[int, int], str]:
 
 
 @dataclass(frozen=True)
-class TemplateParts:
-    """A template cut at its ``{text}`` slot, as token ids, with the tokenizer's own specials."""
-
-    lead: list[int]
-    prefix: list[int]
-    suffix: list[int]
-    trail: list[int]
-
-    @property
-    def overhead(self) -> int:
-        return len(self.lead) + len(self.prefix) + len(self.suffix) + len(self.trail)
-
-
-def template_parts(tokenizer: Any, template: str) -> TemplateParts:
-    """Split ``template`` around ``{text}``; BOS (and any trailing special) comes from the tokenizer."""
-    before, _, after = template.partition("{text}")
-    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
-    full = tokenizer("x")["input_ids"]
-    start = next(i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain)
-
-    def ids(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-
-    return TemplateParts(full[:start], ids(before), ids(after), full[start + len(plain) :])
-
-
-@dataclass(frozen=True)
-class PrependedText(PreparedText):
+class PrependedText(PooledText):
     """Ids plus where the placeholders sit. ``summaries[j]`` is filled from ``sources[j]`` and then
     copied to ``broadcasts[j]`` (when there are broadcasts); ``pooled`` are the text's own tokens."""
 
     summaries: list[int]
     sources: list[int]
     broadcasts: list[int]
-    pooled: list[int]
 
 
 class Rewiring:
@@ -136,9 +116,7 @@ class TokenPrepending(Strategy):
         )
         self.placeholder_init = placeholder_init
         self.placeholders = install_placeholders(runtime, placeholder_init)
-        self.parts = {
-            role: template_parts(runtime.tokenizer, self.template_for(role)) for role in ("document", "query")
-        }
+        self.parts = {role: tokenize_template(runtime.tokenizer, self.template_for(role)) for role in ROLES}
 
     @property
     def params(self) -> dict[str, Any]:
@@ -171,7 +149,7 @@ class TokenPrepending(Strategy):
             else []
         )
 
-    def assemble(self, parts: TemplateParts, blocks: Sequence[list[int]], broadcast: bool) -> PrependedText:
+    def assemble(self, parts: TokenTemplate, blocks: Sequence[list[int]], broadcast: bool) -> PrependedText:
         """prefix + [B-PST]×M (if ``broadcast``) + per block ([PST] + block) + suffix."""
         ids = parts.lead + parts.prefix
         broadcasts = list(range(len(ids), len(ids) + len(blocks))) if broadcast else []
@@ -186,16 +164,11 @@ class TokenPrepending(Strategy):
             ids += block
             sources.append(len(ids) - 1)
         ids += parts.suffix + parts.trail
-        return PrependedText(ids, summaries, sources, broadcasts, pooled)
+        return PrependedText(ids, pooled, summaries, sources, broadcasts)
 
     def pool(self, states: torch.Tensor, batch: Batch, rows: Sequence[PrependedText]) -> torch.Tensor:
         """Mean over each text's own tokens: no template, no placeholders."""
-        import torch
-
-        mask = torch.zeros_like(batch.attention_mask)
-        for row_index, row in enumerate(rows):
-            mask[row_index, row.pooled] = 1
-        return masked_mean(states, mask)
+        return mean_of_positions(states, batch, rows)
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         prepended: list[PrependedText] = list(rows)  # type: ignore[arg-type]
@@ -256,7 +229,7 @@ class HierarchicalTokenPrepending(TokenPrepending):
             prepared.append(self.assemble(parts, self.fit_blocks(text, spans, parts), broadcast=True))
         return prepared
 
-    def fit_blocks(self, text: str, spans: Sequence[Span], parts: TemplateParts) -> list[list[int]]:
+    def fit_blocks(self, text: str, spans: Sequence[Span], parts: TokenTemplate) -> list[list[int]]:
         """Token ids of the blocks of ``block_sentences`` sentences that fit ``max_length``.
 
         Whole trailing sentences are dropped so no placeholder loses its block; only a first
@@ -336,7 +309,7 @@ class GlobalTokenPrepending(TokenPrepending):
                 self.truncated += 1
             row = self.assemble(parts, [ids[:budget]], broadcast=False)
             last = len(row.ids) - 1
-            prepared.append(PrependedText(row.ids, row.summaries, [last], [], row.pooled))
+            prepared.append(PrependedText(row.ids, row.pooled, row.summaries, [last], []))
         return prepared
 
     def pool(self, states: torch.Tensor, batch: Batch, rows: Sequence[PrependedText]) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import TEXT_SLOT, PreparedText, Strategy, render
 from ragidx.indexer.strategies.layers import parse_layers, relative_layers
+from ragidx.indexer.strategies.paper_models import LLAMA2_7B, QWEN3_8B, is_model
 from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
 from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
 
@@ -29,22 +30,8 @@ PROMPTS = {"futureeol": FUTUREEOL_TEMPLATE, "prompteol": PROMPTEOL_TEMPLATE, "no
 
 # The paper's layer sets, recognised from the config so that renamed copies still match.
 PAPER_LAYER_SETS: tuple[tuple[str, dict[str, Any], tuple[int, ...]], ...] = (
-    (
-        "Llama-2-7B",
-        {
-            "model_type": "llama",
-            "hidden_size": 4096,
-            "num_hidden_layers": 32,
-            "intermediate_size": 11008,
-            "vocab_size": 32000,
-        },
-        tuple(range(20, 28)),
-    ),
-    (
-        "Qwen3-8B",
-        {"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288},
-        (26, 27, 29, 30, 31),
-    ),
+    ("Llama-2-7B", LLAMA2_7B, tuple(range(20, 28))),
+    ("Qwen3-8B", QWEN3_8B, (26, 27, 29, 30, 31)),
 )
 RELATIVE_DEPTH = (0.65, 0.85)
 
@@ -52,7 +39,7 @@ RELATIVE_DEPTH = (0.65, 0.85)
 def default_layer_set(config: Any) -> tuple[list[int], str]:
     """The paper's set for a model it names, else every layer in the 65%-85% depth band."""
     for name, fingerprint, layers in PAPER_LAYER_SETS:
-        if all(getattr(config, key, None) == value for key, value in fingerprint.items()):
+        if is_model(config, fingerprint):
             return list(layers), f"paper ({name})"
     low, high = RELATIVE_DEPTH
     return relative_layers(config.num_hidden_layers, low, high), f"relative depth {low:.2f}-{high:.2f}"
