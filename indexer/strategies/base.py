@@ -148,6 +148,14 @@ class Strategy(ABC):
     def template_for(self, role: Role) -> str:
         return self.document_template if self.check_role(role) == "document" else self.query_template
 
+    def plain_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text alone, without special tokens (for assembling inputs by token)."""
+        if not texts:
+            return []
+        return [
+            list(ids) for ids in self.runtime.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        ]
+
     def token_ids(self, text: str, role: Role) -> list[int]:
         """Token ids of ``text`` in the role's template."""
         return self.templated_ids(text, self.template_for(role))

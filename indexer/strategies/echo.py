@@ -62,9 +62,8 @@ class Echo(Strategy):
         if room < 1:
             raise RagidxError(f"--max-length {self.max_length} leaves no room for two copies of the text")
         eos = self.runtime.tokenizer.eos_token_id
-        encoded = self.runtime.tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
         prepared: list[PreparedText] = []
-        for ids in encoded:
+        for ids in self.plain_ids(texts):
             if len(ids) > room:
                 self.truncated += 1
                 ids = ids[:room]

@@ -142,13 +142,6 @@ class TokenPrepending(Strategy):
             "embedding_rows": rows,
         }
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        return (
-            [list(ids) for ids in self.runtime.tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
-            if texts
-            else []
-        )
-
     def assemble(self, parts: TokenTemplate, blocks: Sequence[list[int]], broadcast: bool) -> PrependedText:
         """prefix + [B-PST]×M (if ``broadcast``) + per block ([PST] + block) + suffix."""
         ids = parts.lead + parts.prefix
@@ -242,14 +235,16 @@ class HierarchicalTokenPrepending(TokenPrepending):
         groups = [spans[i : i + size] for i in range(0, len(spans), size)]
         blocks: list[list[int]] = []
         used = 0
-        for group, ids in zip(groups, self.tokenize([text[g[0][0] : g[-1][1]] for g in groups]), strict=True):
+        for group, ids in zip(
+            groups, self.plain_ids([text[g[0][0] : g[-1][1]] for g in groups]), strict=True
+        ):
             if used + len(ids) + 2 <= budget:
                 blocks.append(ids)
                 used += len(ids) + 2
                 continue
             self.truncated += 1
             for keep in range(len(group) - 1, 0, -1):
-                shorter = self.tokenize([text[group[0][0] : group[keep - 1][1]]])[0]
+                shorter = self.plain_ids([text[group[0][0] : group[keep - 1][1]]])[0]
                 if used + len(shorter) + 2 <= budget:
                     blocks.append(shorter)
                     break
@@ -302,7 +297,7 @@ class GlobalTokenPrepending(TokenPrepending):
         if self.preprocess_text:
             texts = [preprocess_for_prompt(text) for text in texts]
         prepared: list[PreparedText] = []
-        for ids in self.tokenize(texts):
+        for ids in self.plain_ids(texts):
             if not ids and self.pooling == "mean":
                 raise RagidxError(f"strategy '{self.name}' with --pool mean cannot embed an empty text")
             if len(ids) > budget:
