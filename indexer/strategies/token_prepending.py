@@ -11,6 +11,7 @@ readout is an intermediate layer's output, and the forward pass stops there.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -303,8 +304,7 @@ class GlobalTokenPrepending(TokenPrepending):
             if len(ids) > budget:
                 self.truncated += 1
             row = self.assemble(parts, [ids[:budget]], broadcast=False)
-            last = len(row.ids) - 1
-            prepared.append(PrependedText(row.ids, row.pooled, row.summaries, [last], []))
+            prepared.append(dataclasses.replace(row, sources=[len(row.ids) - 1]))  # from the last token
         return prepared
 
     def pool(self, states: torch.Tensor, batch: Batch, rows: Sequence[PrependedText]) -> torch.Tensor:
