@@ -53,6 +53,7 @@ STRATEGY_OPTIONS = (
     "cp_mode",
     "cp_alpha",
     "output_layer",
+    "kv_bias",
 )
 
 
@@ -101,6 +102,12 @@ def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--cp-alpha", type=float, default=None, help="cp: scaling factor of ns."),
         click.option("--output-layer", type=int, default=None, help="cp: layer whose last token is read."),
+        click.option(
+            "--kv-bias",
+            type=float,
+            default=None,
+            help="kv-embedding: logit bias of the re-routed prefix (default 1.0; -inf: no re-routing).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -300,6 +307,76 @@ def _embed_without_index(
     runtime = load_runtime(model, device, dtype)
     name = strategy or default_strategy_name(runtime)
     return create_strategy(name, runtime, **strategy_options).encode(texts, role)
+
+
+@cli.command()
+@click.option(
+    "--model",
+    default=default_model,
+    show_default="$RAGIDX_MODEL or Qwen/Qwen2.5-0.5B-Instruct",
+    help="Hugging Face hub id or local model folder.",
+)
+@click.option(
+    "--texts",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A .txt (one text a line) or .jsonl file, or documents to split into sentences "
+    "(default: ragidx's sample corpus).",
+)
+@click.option(
+    "--n", "count", type=click.IntRange(min=20), default=1000, show_default=True, help="Most texts."
+)
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Draw the curve to a PNG file.")
+@_device_options
+@click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the curve and selection as JSON.")
+def calibrate(
+    model: str,
+    texts: Path | None,
+    count: int,
+    plot: Path | None,
+    device: str,
+    dtype: str | None,
+    trust_remote_code: bool,
+    as_json: bool,
+) -> None:
+    """Pick kv-embedding's re-routing layers for MODEL by intrinsic dimension, and cache them."""
+    from dataclasses import asdict
+
+    from ragidx.indexer.calibration import EARLY_FRACTION, calibrate_and_cache
+    from ragidx.indexer.runtime import load_runtime
+
+    runtime = load_runtime(model, device, dtype or "auto", trust_remote_code)
+    calibration, path = calibrate_and_cache(runtime, texts, count)
+    if plot:
+        from ragidx.indexer.plots import plot_calibration
+
+        plot_calibration(calibration, plot)
+    if as_json:
+        _print_json({**asdict(calibration), "cache_path": str(path), "plot": str(plot) if plot else None})
+        return
+    click.echo(
+        f"TwoNN intrinsic dimension of each layer's mean-pooled output "
+        f"({calibration.text_count} texts from {calibration.texts_from})"
+    )
+    early = int(EARLY_FRACTION * len(calibration.curve))
+    low, high = min(calibration.curve), max(calibration.curve)
+    for layer, value in enumerate(calibration.curve):
+        mark = (
+            "selected"
+            if layer in calibration.layers
+            else "first 20%, not a candidate"
+            if layer < early
+            else ""
+        )
+        if layer == calibration.minimum_layer:
+            mark += ", minimum"
+        bar = "#" * (1 + round(29 * (value - low) / max(high - low, 1e-9)))
+        click.echo(f"{layer:>5}  {value:7.2f}  {bar:<30}  {mark}")
+    click.echo(f"re-routing layers {calibration.window} (minimum at layer {calibration.minimum_layer})")
+    click.echo(f"cached for kv-embedding builds with this model: {path}")
+    if plot:
+        click.echo(f"plot: {plot}")
 
 
 @cli.command()

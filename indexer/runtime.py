@@ -107,8 +107,11 @@ class Batch:
 
     @property
     def last_positions(self) -> torch.Tensor:
-        """Index of each row's last real token (not the last column, which may be padding)."""
-        return self.lengths - 1
+        """Index of each row's last real token, whichever side the padding is on."""
+        import torch
+
+        columns = torch.arange(self.attention_mask.shape[1], device=self.attention_mask.device)
+        return (self.attention_mask * columns).argmax(dim=1)
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -185,16 +188,23 @@ class ModelRuntime:
         for group in plan_batches([len(s) for s in sequences], max_rows, max_tokens):
             yield self.pad([sequences[i] for i in group], group)
 
-    def pad(self, sequences: Sequence[Sequence[int]], indices: list[int]) -> Batch:
-        """One right-padded batch of exactly these sequences (``indices`` says whose they are)."""
+    def pad(
+        self, sequences: Sequence[Sequence[int]], indices: list[int], padding_side: str = "right"
+    ) -> Batch:
+        """One padded batch of exactly these sequences (``indices`` says whose they are).
+
+        Strategies pool by position lists that assume right padding; ``left`` exists for the
+        strategies that read only the mask and :attr:`Batch.last_positions`, and for their tests.
+        """
         import torch
 
         width = max(len(seq) for seq in sequences)
         ids = torch.full((len(sequences), width), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(sequences), width), dtype=torch.long)
         for row, seq in enumerate(sequences):
-            ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-            mask[row, : len(seq)] = 1
+            columns = slice(width - len(seq), width) if padding_side == "left" else slice(0, len(seq))
+            ids[row, columns] = torch.as_tensor(seq, dtype=torch.long)
+            mask[row, columns] = 1
         return Batch(indices, ids.to(self.device), mask.to(self.device))
 
     def forward(self, batch: Batch, stop_after: int | None = None) -> torch.Tensor | None:

@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from tiny_models import DECODERS, ENCODER, SAMPLE_CORPUS, save_tiny_model, train_tokenizer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Calibrations go to a temporary cache, never the user's, and start empty in every run."""
+    folder = tmp_path_factory.mktemp("cache")
+    os.environ["RAGIDX_CACHE_DIR"] = str(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

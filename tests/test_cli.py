@@ -22,12 +22,23 @@ import numpy as np
 import pytest
 
 RAGIDX = str(Path(sys.executable).parent / "ragidx")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-def ragidx(*args: str | Path, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+def child_env() -> dict[str, str]:
+    """The environment of the moment (conftest points the cache at a temporary folder), offline."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def ragidx(
+    *args: str | Path, check: bool = True, env: dict[str, str] | None = None, **kwargs
+) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [RAGIDX, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300, **kwargs
+        [RAGIDX, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**child_env(), **(env or {})},
+        timeout=300,
+        **kwargs,
     )
     if check:
         assert result.returncode == 0, result.stderr
@@ -221,7 +232,9 @@ def build_until(args: list[str], marker: bytes, timeout: float = 120.0) -> None:
     """Run a build on a pseudo-terminal (so progress bars show); SIGKILL it once ``marker`` is printed."""
     main, child = pty.openpty()
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
-    process = subprocess.Popen([RAGIDX, *args], env=ENV, stdin=subprocess.DEVNULL, stdout=child, stderr=child)
+    process = subprocess.Popen(
+        [RAGIDX, *args], env=child_env(), stdin=subprocess.DEVNULL, stdout=child, stderr=child
+    )
     os.close(child)
     seen, deadline = b"", time.monotonic() + timeout
     try:
@@ -343,3 +356,39 @@ def test_cp_settings_are_stored_and_shown(tiny_models, sample_corpus, tmp_path):
     shown = ragidx("info", "--index", index).stdout
     assert "strategy.cp_mode" in shown and "irrelevant information" in shown
     assert len(json.loads(ragidx("query", "compost", "--index", index, "--json", "-k", "2").stdout)) == 2
+
+
+def test_calibrate_then_build_kv_embedding_with_the_cached_layers(tiny_models, sample_corpus, tmp_path):
+    import faiss
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy
+
+    cache = {"RAGIDX_CACHE_DIR": str(tmp_path / "cache")}
+    model = tiny_models["qwen3"]
+    plot = tmp_path / "curve.png"
+    result = ragidx("calibrate", "--model", model, "--n", "150", "--plot", plot, "--json", env=cache)
+    calibration = json.loads(result.stdout)
+    assert len(calibration["curve"]) == 6 and calibration["text_count"] == 150
+    assert calibration["texts_from"] == str(sample_corpus)
+    assert calibration["layers"][0] == calibration["minimum_layer"] >= 1
+    assert Path(calibration["cache_path"]).parent == tmp_path / "cache" / "calibration"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shown = ragidx("calibrate", "--model", model, "--n", "150", env=cache).stdout
+    assert f"re-routing layers {calibration['minimum_layer']}" in shown and "first 20%" in shown
+
+    index = tmp_path / "index"
+    args = ("build", sample_corpus / "faq", "--model", model, "--index", index, "--strategy", "kv-embedding")
+    summary = json.loads(ragidx(*args, "--kv-bias", "0.5", "--json", env=cache).stdout)
+    assert summary["strategy_notes"]["layer_source"].startswith("calibration cache (150 texts")
+    params = json.loads(ragidx("info", "--index", index, "--json").stdout)["strategy_params"]
+    assert params["layers"] == calibration["layers"] and params["kv_bias"] == 0.5
+    assert params["document_template"] == "Context: {text} Compress the Context in one word:"
+    with sqlite3.connect(index / "ragidx.db") as db:
+        chunk_id, text = db.execute("select id, text from chunks order by id limit 1").fetchone()
+    stored = faiss.read_index(str(index / f"vectors-{summary['generation']}.faiss")).reconstruct(chunk_id)
+    runtime = load_runtime(str(model), device="cpu", dtype="float32")
+    strategy = create_strategy("kv-embedding", runtime, layers=params["layers"], kv_bias=0.5)
+    np.testing.assert_allclose(stored, strategy.encode([text])[0], atol=1e-5)
+    assert top_hit(index, text)["chunk_id"] == chunk_id
+    fallback = json.loads(ragidx(*args, "--rebuild", "--json").stdout)["strategy_notes"]["layer_source"]
+    assert fallback.startswith("fallback depth")

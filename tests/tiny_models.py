@@ -53,7 +53,7 @@ def _wrap(tokenizer, template: str | None, max_length: int):
     )
 
 
-def _config(arch: str, vocab_size: int):
+def _config(arch: str, vocab_size: int, overrides: dict | None = None):
     from transformers import BertConfig, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
@@ -70,6 +70,7 @@ def _config(arch: str, vocab_size: int):
         initializer_range=0.2,
         tie_word_embeddings=False,
     )
+    common.update(overrides or {})
     if arch == "llama":
         return LlamaConfig(**common)
     if arch == "mistral":
@@ -93,16 +94,24 @@ def _config(arch: str, vocab_size: int):
     raise ValueError(arch)
 
 
-def save_tiny_model(arch: str, folder: Path, tokenizer=None, seed: int = 0, extra_rows: int = 0) -> Path:
+def save_tiny_model(
+    arch: str,
+    folder: Path,
+    tokenizer=None,
+    seed: int = 0,
+    extra_rows: int = 0,
+    overrides: dict | None = None,
+) -> Path:
     """Build a random ``arch`` model with its tokenizer and save both to ``folder``.
 
-    ``extra_rows`` gives the embedding matrix spare rows beyond the tokenizer, as Qwen checkpoints have.
+    ``extra_rows`` gives the embedding matrix spare rows beyond the tokenizer, as Qwen checkpoints
+    have; ``overrides`` changes config fields (``num_key_value_heads=4`` makes plain multi-head attention).
     """
     import torch
     from transformers import AutoModelForCausalLM, BertModel
 
     tokenizer = tokenizer or train_tokenizer()
-    config = _config(arch, tokenizer.get_vocab_size() + extra_rows)
+    config = _config(arch, tokenizer.get_vocab_size() + extra_rows, overrides)
     torch.manual_seed(seed)
     if arch == ENCODER:
         model = BertModel(config)

@@ -9,6 +9,7 @@ from ragidx.indexer.strategies.base import BatchSettings, Role, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.contrastive import ContrastivePrompting
 from ragidx.indexer.strategies.echo import Echo
+from ragidx.indexer.strategies.kv_embedding import KVEmbedding
 from ragidx.indexer.strategies.prompts import KnowledgePrompt, PretendedCoT, PromptEOL
 from ragidx.indexer.strategies.token_prepending import GlobalTokenPrepending, HierarchicalTokenPrepending
 from ragidx.indexer.strategies.value_aggregation import AlignedWeightedValues, ValueVectors, WeightedValues
@@ -26,6 +27,7 @@ REGISTRY: dict[str, type[Strategy]] = {
         KnowledgePrompt,
         ContrastivePrompting,
         Echo,
+        KVEmbedding,
         HierarchicalTokenPrepending,
         GlobalTokenPrepending,
         AlignedWeightedValues,

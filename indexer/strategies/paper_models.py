@@ -24,6 +24,27 @@ LLAMA3_8B = {
 }
 QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288}
 
+QWEN3_4B = {"model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36, "intermediate_size": 9728}
+MISTRAL_7B_V01 = {
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "intermediate_size": 14336,
+    "vocab_size": 32000,
+    "sliding_window": 4096,
+}
+LLAMA31_8B = {**LLAMA3_8B, "max_position_embeddings": 131072}
+
+LayerTable = tuple[tuple[str, dict[str, Any], tuple[int, ...]], ...]
+
 
 def is_model(config: Any, fingerprint: dict[str, Any]) -> bool:
     return all(getattr(config, key, None) == value for key, value in fingerprint.items())
+
+
+def paper_layers(config: Any, table: LayerTable) -> tuple[list[int], str] | None:
+    """The layer set a paper reports for this model, with where it came from; None if it names none."""
+    for name, fingerprint, layers in table:
+        if is_model(config, fingerprint):
+            return list(layers), f"paper ({name})"
+    return None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import TEXT_SLOT, PreparedText, Strategy, render
 from ragidx.indexer.strategies.layers import parse_layers, relative_layers
-from ragidx.indexer.strategies.paper_models import LLAMA2_7B, QWEN3_8B, is_model
+from ragidx.indexer.strategies.paper_models import LLAMA2_7B, QWEN3_8B, LayerTable, paper_layers
 from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
 from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
 
@@ -29,7 +29,7 @@ FUTUREEOL_TEMPLATE = "Forecasting the subsequent tokens {text} in one word:"
 PROMPTS = {"futureeol": FUTUREEOL_TEMPLATE, "prompteol": PROMPTEOL_TEMPLATE, "none": TEXT_SLOT}
 
 # The paper's layer sets, recognised from the config so that renamed copies still match.
-PAPER_LAYER_SETS: tuple[tuple[str, dict[str, Any], tuple[int, ...]], ...] = (
+PAPER_LAYER_SETS: LayerTable = (
     ("Llama-2-7B", LLAMA2_7B, tuple(range(20, 28))),
     ("Qwen3-8B", QWEN3_8B, (26, 27, 29, 30, 31)),
 )
@@ -38,9 +38,9 @@ RELATIVE_DEPTH = (0.65, 0.85)
 
 def default_layer_set(config: Any) -> tuple[list[int], str]:
     """The paper's set for a model it names, else every layer in the 65%-85% depth band."""
-    for name, fingerprint, layers in PAPER_LAYER_SETS:
-        if is_model(config, fingerprint):
-            return list(layers), f"paper ({name})"
+    paper = paper_layers(config, PAPER_LAYER_SETS)
+    if paper:
+        return paper
     low, high = RELATIVE_DEPTH
     return relative_layers(config.num_hidden_layers, low, high), f"relative depth {low:.2f}-{high:.2f}"
 

@@ -1,0 +1,289 @@
+"""Layer selection by intrinsic dimension (KV-Embedding §3.2.3, methods.md §5), cached per model.
+
+The TwoNN intrinsic dimension of every layer's mean-pooled output over ~1,000 texts traces a
+curve through the network; KV-Embedding re-routes in the window that starts at its minimum.
+The curve depends only on the model, so it is computed once (``ragidx calibrate``) and cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from ragidx.indexer.errors import RagidxError
+
+if TYPE_CHECKING:
+    from ragidx.indexer.runtime import ModelRuntime
+
+DISCARD_FRACTION = 0.1  # Facco et al.: the largest 10% of the ratios are dropped from the fit
+EARLY_FRACTION = 0.2  # layers below floor(0.2·L) only encode surface features (paper)
+WINDOW_FRACTION = 0.1  # S = {l*, ..., min(L-1, l* + floor(0.1·L))}
+DEFAULT_TEXT_COUNT = 1000
+MIN_TEXT_COUNT = 20
+MIN_SENTENCE_WORDS = 4
+MAX_TEXT_TOKENS = 512
+SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "sample_corpus"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json")
+
+
+def two_nn(points: np.ndarray, discard: float = DISCARD_FRACTION) -> float:
+    """TwoNN intrinsic dimension (Facco et al. 2017) of a point cloud (one point per row).
+
+    For each point μ = r2/r1, its second over first nearest-neighbour distance. Under local
+    uniformity -log(1 - F(μ)) = d·log μ, so d is the slope of a line through the origin fitted
+    to the empirical distribution, without the largest ``discard`` fraction of μ (the tail that
+    density changes distort). Exact duplicates are dropped first: their r1 is zero.
+
+    The fit rather than the shortcut N/Σlog μ over the kept ratios: truncating the tail biases
+    that shortcut upward by about a third (the kept log-ratios are too small on average).
+    """
+    x = np.unique(np.asarray(points, dtype=np.float64), axis=0)
+    if len(x) < 3:
+        raise RagidxError("TwoNN needs at least 3 distinct points")
+    squares = (x * x).sum(axis=1)
+    distances = np.maximum(squares[:, None] + squares[None, :] - 2.0 * (x @ x.T), 0.0)
+    np.fill_diagonal(distances, np.inf)
+    nearest = np.partition(distances, 1, axis=1)[:, :2]
+    nearest = nearest[nearest[:, 0] > 0]
+    mu = np.sort(np.sqrt(nearest[:, 1] / nearest[:, 0]))
+    kept = math.floor((1.0 - discard) * len(mu))
+    log_mu = np.log(mu[:kept])
+    log_survival = -np.log1p(-np.arange(1, kept + 1) / len(mu))
+    return float((log_mu * log_survival).sum() / (log_mu * log_mu).sum())
+
+
+def select_layers(curve: Sequence[float]) -> tuple[int, list[int]]:
+    """The minimum l* of the curve outside the first floor(0.2·L) layers, and the window from it."""
+    num_layers = len(curve)
+    first = math.floor(EARLY_FRACTION * num_layers)
+    candidates = [layer for layer in range(first, num_layers) if math.isfinite(curve[layer])]
+    if not candidates:
+        raise RagidxError("no layer has a finite intrinsic dimension; use more (and more varied) texts")
+    best = min(candidates, key=lambda layer: curve[layer])
+    last = min(num_layers - 1, best + math.floor(WINDOW_FRACTION * num_layers))
+    return best, list(range(best, last + 1))
+
+
+def layer_representations(
+    runtime: ModelRuntime, texts: Sequence[str], progress: Callable[[int], None] | None = None
+) -> np.ndarray:
+    """[layers, texts, hidden] float32: each layer's output mean-pooled over the text's own tokens.
+
+    Special tokens (BOS, CLS/SEP) are left out of the mean: their states are the same for every
+    text and, as attention sinks, often huge, so they would swamp the distances TwoNN measures.
+    """
+    import torch
+    from ragidx.indexer.strategies.pooling import masked_mean
+
+    specials = torch.tensor(sorted(set(runtime.tokenizer.all_special_ids)), dtype=torch.long)
+    sequences = [ids[:MAX_TEXT_TOKENS] for ids in runtime.tokenize(texts)]
+    out = np.zeros((runtime.arch.num_layers, len(texts), runtime.arch.hidden_size), dtype=np.float32)
+    for batch in runtime.batches(sequences, max_rows=32, max_tokens=16384):
+        own = batch.attention_mask * ~torch.isin(batch.input_ids, specials.to(batch.input_ids.device))
+        with contextlib.ExitStack() as stack:
+            readings = [
+                stack.enter_context(runtime.capture(layer, lambda states, own=own: masked_mean(states, own)))
+                for layer in runtime.arch.layers
+            ]
+            runtime.forward(batch, stop_after=runtime.arch.num_layers - 1)
+        for layer, reading in enumerate(readings):
+            out[layer, batch.indices] = reading[0].cpu().numpy()
+        if progress:
+            progress(len(batch.indices))
+    return out
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One model's intrinsic-dimension curve and the layer window chosen from it."""
+
+    model: str
+    model_key: str
+    curve: list[float]
+    minimum_layer: int
+    layers: list[int]
+    text_count: int
+    texts_from: str
+    created: float
+
+    @property
+    def window(self) -> str:
+        """The selected layers as text: ``12-15``, or ``4`` for a single layer."""
+        first, last = self.layers[0], self.layers[-1]
+        return f"{first}" if first == last else f"{first}-{last}"
+
+    def describe(self) -> str:
+        return (
+            f"calibration cache ({self.text_count} texts from {self.texts_from}, "
+            f"TwoNN minimum at layer {self.minimum_layer})"
+        )
+
+
+def calibrate(
+    runtime: ModelRuntime,
+    texts: Sequence[str],
+    texts_from: str,
+    progress: Callable[[int], None] | None = None,
+) -> Calibration:
+    """Measure the curve over ``texts`` and select the re-routing window from it."""
+    if len(texts) < MIN_TEXT_COUNT:
+        raise RagidxError(
+            f"calibration needs at least {MIN_TEXT_COUNT} distinct texts, got {len(texts)} from {texts_from}"
+        )
+    representations = layer_representations(runtime, texts, progress)
+    curve = [two_nn(layer) for layer in representations]
+    minimum, layers = select_layers(curve)
+    return Calibration(
+        model=runtime.model_id,
+        model_key=model_key(runtime),
+        curve=curve,
+        minimum_layer=minimum,
+        layers=layers,
+        text_count=len(texts),
+        texts_from=texts_from,
+        created=time.time(),
+    )
+
+
+def cache_dir() -> Path:
+    """``$RAGIDX_CACHE_DIR`` or the platform's user cache directory for ragidx."""
+    from platformdirs import user_cache_dir
+
+    return Path(os.environ.get("RAGIDX_CACHE_DIR") or user_cache_dir("ragidx"))
+
+
+def _model_folder(runtime: ModelRuntime) -> Path | None:
+    """Where the model's files are: its local folder, or its snapshot in the Hugging Face cache."""
+    if Path(runtime.model_id).is_dir():
+        return Path(runtime.model_id)
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(runtime.model_id, "config.json", revision=runtime.revision)
+    return Path(config).parent if isinstance(config, str) else None
+
+
+def _safetensors_header(path: Path) -> bytes:
+    """The header of a safetensors file: names, dtypes, shapes and offsets of every tensor."""
+    with path.open("rb") as file:
+        size = int.from_bytes(file.read(8), "little")
+        return file.read(min(size, 100_000_000))
+
+
+def model_key(runtime: ModelRuntime) -> str:
+    """``<model id>-<hash>``: the hash covers config.json and the weights' index (files, sizes, headers)."""
+    digest = hashlib.sha256()
+    folder = _model_folder(runtime)
+    if folder is None:
+        digest.update(runtime.model.config.to_json_string(use_diff=True).encode())
+    else:
+        digest.update((folder / "config.json").read_bytes())
+        for path in sorted(p for p in folder.iterdir() if p.name.endswith(WEIGHT_SUFFIXES)):
+            digest.update(f"{path.name}:{path.stat().st_size}".encode())
+            if path.name.endswith(".safetensors"):
+                digest.update(_safetensors_header(path))
+            elif path.name.endswith(".index.json"):
+                digest.update(path.read_bytes())
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", runtime.model_id).strip("_")[-60:]
+    return f"{readable}-{digest.hexdigest()[:16]}"
+
+
+def cache_path(runtime: ModelRuntime) -> Path:
+    return cache_dir() / "calibration" / f"{model_key(runtime)}.json"
+
+
+def save_calibration(calibration: Calibration, path: Path) -> None:
+    """Write atomically, so a concurrent build never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(asdict(calibration), indent=2), encoding="utf-8")
+    partial.replace(path)
+
+
+def load_calibration(runtime: ModelRuntime) -> Calibration | None:
+    """The cached calibration of this exact model, or None (absent, unreadable, or for other layers)."""
+    path = cache_path(runtime)
+    try:
+        calibration = Calibration(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+    valid = all(0 <= layer < runtime.arch.num_layers for layer in calibration.layers)
+    return calibration if valid and calibration.layers else None
+
+
+def calibration_texts(source: Path | None, count: int, tokenizer: Any) -> tuple[list[str], str]:
+    """Up to ``count`` distinct texts and a description of where they came from.
+
+    A ``.txt`` file gives one text per line and a ``.jsonl`` file the "text" field of each line;
+    a folder or any other document gives its sentences (split as ``build`` splits them), keeping
+    those of at least four words. Without a source: the sentences of ragidx's sample corpus.
+    A larger pool is subsampled with a fixed seed, so a calibration can be repeated exactly.
+    """
+    source = source or SAMPLE_CORPUS
+    if not source.exists():
+        raise RagidxError(f"calibration texts not found: {source} (give a file or folder with --texts)")
+    if source.is_file() and source.suffix == ".txt":
+        texts = [line.strip() for line in source.read_text(encoding="utf-8", errors="replace").splitlines()]
+    elif source.is_file() and source.suffix == ".jsonl":
+        texts = _jsonl_texts(source)
+    else:
+        texts = _document_sentences(source, tokenizer)
+    unique = [text for text in dict.fromkeys(texts) if text]
+    if len(unique) > count:
+        keep = np.sort(np.random.default_rng(0).choice(len(unique), size=count, replace=False))
+        unique = [unique[i] for i in keep]
+    return unique, str(source)
+
+
+def _jsonl_texts(path: Path) -> list[str]:
+    texts = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                texts.append(str(json.loads(line)["text"]).strip())
+            except (ValueError, KeyError, TypeError):
+                raise RagidxError(f'{path}:{number}: expected a JSON object with a "text" field') from None
+    return texts
+
+
+def _document_sentences(source: Path, tokenizer: Any) -> list[str]:
+    from ragidx.indexer.chunking import Chunker
+    from ragidx.indexer.sources import scan
+
+    chunker = Chunker(tokenizer, chunk_tokens=MAX_TEXT_TOKENS, overlap_sentences=0)
+    sentences = []
+    for document in scan([source]).documents:
+        for start, end in chunker.sentences(document.text):
+            sentence = " ".join(document.text[start:end].split())
+            if len(sentence.split()) >= MIN_SENTENCE_WORDS:
+                sentences.append(sentence)
+    return sentences
+
+
+def calibrate_and_cache(
+    runtime: ModelRuntime, source: Path | None, count: int, progress: bool = True
+) -> tuple[Calibration, Path]:
+    """``ragidx calibrate``: gather texts, measure the curve with a progress bar, cache the result."""
+    import sys
+
+    from tqdm import tqdm
+
+    texts, texts_from = calibration_texts(source, count, runtime.tokenizer)
+    with tqdm(
+        total=len(texts), desc="calibrating", unit="text", disable=None if progress else True, file=sys.stderr
+    ) as bar:
+        calibration = calibrate(runtime, texts, texts_from, bar.update)
+    path = cache_path(runtime)
+    save_calibration(calibration, path)
+    return calibration, path

@@ -1,0 +1,96 @@
+"""KV-Embedding (Tang & Yang 2025, methods.md §5): the last token's keys and values as a global prefix.
+
+At each layer of a set S, every query also attends to the last real token's key/value (per KV
+head, after RoPE), with a bias b on that column, so early tokens see a summary of the whole text
+in one forward pass. The vector is ½·(last token + mean over tokens) of the final layer, post-norm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.base import PreparedText, Strategy
+from ragidx.indexer.strategies.layers import parse_layers, relative_layers
+from ragidx.indexer.strategies.paper_models import (
+    LLAMA31_8B,
+    MISTRAL_7B_V01,
+    QWEN3_4B,
+    LayerTable,
+    paper_layers,
+)
+from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
+
+if TYPE_CHECKING:
+    import torch
+    from ragidx.indexer.runtime import Batch, ModelRuntime
+
+KV_DOCUMENT_TEMPLATE = "Context: {text} Compress the Context in one word:"
+KV_QUERY_TEMPLATE = "Query: {text} Compress the Query in one word:"
+DEFAULT_BIAS = 1.0
+PAPER_LAYER_SETS: LayerTable = (
+    ("Qwen3-4B", QWEN3_4B, tuple(range(12, 22))),
+    ("Mistral-7B-Instruct-v0.1", MISTRAL_7B_V01, tuple(range(13, 20))),
+    ("Llama-3.1-8B", LLAMA31_8B, (10, 11, 20, 26, 27, 28, 29, 30, 31)),
+)
+FALLBACK_DEPTH = (0.35, 0.6)
+
+
+def default_layer_set(runtime: ModelRuntime) -> tuple[list[int], str]:
+    """The paper's set for a model it names, else this model's cached calibration, else mid depth."""
+    from ragidx.indexer.calibration import load_calibration
+
+    paper = paper_layers(runtime.model.config, PAPER_LAYER_SETS)
+    if paper:
+        return paper
+    calibration = load_calibration(runtime)
+    if calibration:
+        return calibration.layers, calibration.describe()
+    low, high = FALLBACK_DEPTH
+    return (
+        relative_layers(runtime.arch.num_layers, low, high),
+        f"fallback depth {low:.2f}-{high:.2f} (no calibration cached: run `ragidx calibrate`)",
+    )
+
+
+class KVEmbedding(Strategy):
+    name = "kv-embedding"
+    description = "last token's keys/values re-routed as a prefix at mid layers; ½(last + mean) of the output"
+    paper = "Tang & Yang 2025, KV-Embedding: training-free text embedding via internal KV re-routing"
+    default_document_template = KV_DOCUMENT_TEMPLATE
+    default_query_template = KV_QUERY_TEMPLATE
+    options: ClassVar[frozenset[str]] = frozenset({"layers", "kv_bias"})
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        *,
+        layers: str | Sequence[int] | None = None,
+        kv_bias: float = DEFAULT_BIAS,
+        **common: Any,
+    ):
+        super().__init__(runtime, **common)
+        if math.isnan(kv_bias) or kv_bias == math.inf:
+            raise RagidxError(f"--kv-bias must be a number or -inf (no re-routing), got {kv_bias}")
+        self.kv_bias = float(kv_bias)
+        if layers is None:
+            self.layers, self.layer_source = default_layer_set(runtime)
+        else:
+            self.layers, self.layer_source = parse_layers(layers, runtime.arch.num_layers), "--layers"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {**super().params, "layers": self.layers, "kv_bias": self.kv_bias}
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        return {"layer_source": self.layer_source}
+
+    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
+        from ragidx.indexer.strategies.kv_rerouting import reroute
+
+        with reroute(self.runtime, self.layers, self.kv_bias, batch.last_positions):
+            states = self.runtime.forward(batch)
+        return 0.5 * (last_real_token(states, batch) + masked_mean(states, batch.attention_mask))
