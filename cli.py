@@ -217,11 +217,19 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
 @_device_options
 @click.option("--model", default=None, help="Must match the index's model if given.")
 @click.option("--strategy", default=None, help="Must match the index's strategy if given.")
+@click.option(
+    "--mode",
+    type=click.Choice(["hybrid", "dense", "lexical"]),
+    default="hybrid",
+    show_default=True,
+    help="Vectors, FTS5 BM25, or both fused by reciprocal rank.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print results as a JSON list.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per result.")
 def query(
     text: str,
     k: int,
+    mode: str,
     index_dir: Path | None,
     device: str,
     dtype: str | None,
@@ -235,7 +243,7 @@ def query(
 
     with Index.open(index_dir, device=device, dtype=dtype) as index:
         index.check_compatible(model, strategy)
-        hits = index.search(text, k)
+        hits = index.search(text, k, mode)
     if as_json:
         _print_json([hit.to_dict() for hit in hits])
     elif as_jsonl:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from ragidx.indexer.strategies import Role, Strategy
 
 SNIPPET_CHARS = 240
+MODES = ("hybrid", "dense", "lexical")
+RRF_K = 60
+MIN_CANDIDATES = 100  # per list before fusion: enough that fusion can promote a chunk from far down
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class Hit:
     end: int
     text: str
     metadata: dict[str, Any]
+    dense_rank: int | None = None
+    lexical_rank: int | None = None
 
     @property
     def snippet(self) -> str:
@@ -89,33 +94,73 @@ class Index:
         """Vectors as this index would store (documents) or search with (queries)."""
         return self.strategy.encode(list(texts), role)
 
-    def search(self, query: str, k: int = 10) -> list[Hit]:
-        """The ``k`` chunks whose vectors have the highest inner product with the query's."""
+    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> list[Hit]:
+        """The ``k`` best chunks for ``query``.
+
+        ``dense``: inner product of the vectors (the score is the cosine); ``lexical``: FTS5 BM25
+        over the chunk text (the score is -bm25); ``hybrid`` (default): reciprocal rank fusion,
+        Σ 1/(60 + rank), of both lists' top candidates (the score is the fused value).
+        """
+        return self.search_many([query], k, mode)[0]
+
+    def search_many(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid") -> list[list[Hit]]:
+        """:meth:`search` for several queries, embedding them in one batch."""
         if k < 1:
             raise RagidxError(f"k must be at least 1, got {k}")
-        if not query.strip():
+        if mode not in MODES:
+            raise RagidxError(f"unknown mode '{mode}': choose one of {', '.join(MODES)}")
+        if any(not query.strip() for query in queries):
             raise RagidxError("the query is empty")
+        candidates = k if mode != "hybrid" else max(MIN_CANDIDATES, 2 * k)
+        dense = self._dense_rankings(queries, candidates) if mode != "lexical" else None
+        results = []
+        for index, query in enumerate(queries):
+            ranked = {
+                "dense": dense[index] if dense is not None else [],
+                "lexical": self.reader.lexical_search(query, candidates) if mode != "dense" else [],
+            }
+            scored = reciprocal_rank_fusion(ranked.values()) if mode == "hybrid" else ranked[mode]
+            results.append(self._hits(scored[:k], ranked))
+        return results
+
+    def _dense_rankings(self, queries: Sequence[str], limit: int) -> list[list[tuple[int, float]]]:
         if self._vectors is None:
             self._vectors = self.reader.load_vectors()
-        vector = self.embed([query], "query")
-        scores, ids = self._vectors.search(vector, min(k, max(self._vectors.ntotal, 1)))
-        found = [(float(s), int(i)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0]
-        rows = self.reader.chunk_rows([i for _, i in found])
-        hits = [(score, rows[i]) for score, i in found if i in rows]
+        vectors = self.embed(list(queries), "query")
+        scores, ids = self._vectors.search(vectors, min(limit, max(self._vectors.ntotal, 1)))
         return [
-            Hit(
-                rank=rank,
-                score=score,
-                chunk_id=row["chunk_id"],
-                path=row["path"],
-                title=row["title"],
-                start=row["char_start"],
-                end=row["char_end"],
-                text=row["text"],
-                metadata=row["metadata"],
-            )
-            for rank, (score, row) in enumerate(hits, start=1)
+            [(int(i), float(s)) for s, i in zip(row_scores, row_ids, strict=True) if i >= 0]
+            for row_scores, row_ids in zip(scores, ids, strict=True)
         ]
+
+    def _hits(
+        self, scored: Sequence[tuple[int, float]], ranked: dict[str, list[tuple[int, float]]]
+    ) -> list[Hit]:
+        rows = self.reader.chunk_rows([chunk_id for chunk_id, _ in scored])
+        ranks = {
+            name: {chunk_id: rank for rank, (chunk_id, _) in enumerate(found, start=1)}
+            for name, found in ranked.items()
+        }
+        found = [(chunk_id, score) for chunk_id, score in scored if chunk_id in rows]
+        hits = []
+        for rank, (chunk_id, score) in enumerate(found, start=1):
+            row = rows[chunk_id]
+            hits.append(
+                Hit(
+                    rank=rank,
+                    score=score,
+                    chunk_id=chunk_id,
+                    path=row["path"],
+                    title=row["title"],
+                    start=row["char_start"],
+                    end=row["char_end"],
+                    text=row["text"],
+                    metadata=row["metadata"],
+                    dense_rank=ranks["dense"].get(chunk_id),
+                    lexical_rank=ranks["lexical"].get(chunk_id),
+                )
+            )
+        return hits
 
     def info(self) -> dict[str, Any]:
         files = sorted(self.reader.directory.glob("*"))
@@ -134,3 +179,14 @@ class Index:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def reciprocal_rank_fusion(
+    rankings: Iterable[Sequence[tuple[int, float]]], k: int = RRF_K
+) -> list[tuple[int, float]]:
+    """Σ 1/(k + rank) over the lists an item appears in (rank from 1), best first, ties by id."""
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, (item, _) in enumerate(ranking, start=1):
+            fused[item] = fused.get(item, 0.0) + 1.0 / (k + rank)
+    return sorted(fused.items(), key=lambda pair: (-pair[1], pair[0]))

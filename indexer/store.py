@@ -12,6 +12,7 @@ import datetime
 import fcntl
 import json
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ SCHEMA_VERSION = 1
 DB_NAME = "ragidx.db"
 LOCK_NAME = "build.lock"
 DEFAULT_INDEX_DIR = ".ragidx"
+FTS_WORD = re.compile(r"\w+")
 
 
 def default_index_dir() -> Path:
@@ -167,6 +169,24 @@ class IndexReader:
         """
         rows = self.db.query(sql, [int(i) for i in chunk_ids])
         return {row["chunk_id"]: {**row, "metadata": json.loads(row["metadata"] or "{}")} for row in rows}
+
+    def lexical_search(self, query: str, limit: int) -> list[tuple[int, float]]:
+        """Chunk ids and BM25 scores (higher is better) from the FTS5 table, best first.
+
+        The query's words are each quoted, so FTS5 syntax in user text (quotes, ``*``, ``-``,
+        ``NEAR``, parentheses) is matched as plain words and never raises; words are OR-ed, as
+        BM25 ranking expects, rather than all required.
+        """
+        words = FTS_WORD.findall(query)
+        if not words:
+            return []
+        match = " OR ".join(f'"{word}"' for word in dict.fromkeys(w.lower() for w in words))
+        rows = self.db.execute(
+            "select rowid, bm25(chunks_fts) from chunks_fts where chunks_fts match ? "
+            "order by bm25(chunks_fts), rowid limit ?",
+            [match, int(limit)],
+        ).fetchall()
+        return [(int(rowid), -float(rank)) for rowid, rank in rows]
 
     def counts(self) -> dict[str, int]:
         return {"documents": self.db["documents"].count, "chunks": self.db["chunks"].count}

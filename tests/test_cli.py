@@ -61,7 +61,9 @@ def built(tmp_path_factory, tiny_models, sample_corpus):
 
 
 def top_hit(index: Path, text: str) -> dict:
-    return json.loads(ragidx("query", text, "--index", index, "--json", "-k", "3").stdout)[0]
+    return json.loads(ragidx("query", text, "--index", index, "--json", "-k", "3", "--mode", "dense").stdout)[
+        0
+    ]
 
 
 def test_help_does_not_import_heavy_libraries():
@@ -331,7 +333,9 @@ def test_htp_round_trip_embeds_chunks_with_their_own_sentences(tiny_models, samp
         spans = [(a - start, b - start) for a, b in json.loads(sentences)]
         expected = strategy.encode([text], sentences=[spans])[0]
         np.testing.assert_allclose(stored.reconstruct(chunk_id), expected, atol=1e-5)
-    hits = json.loads(ragidx("query", "Why do lighthouses flash?", "--index", index, "--json").stdout)
+    hits = json.loads(
+        ragidx("query", "Why do lighthouses flash?", "--index", index, "--json", "--mode", "dense").stdout
+    )
     query = strategy.encode(["Why do lighthouses flash?"], "query")[0]
     assert hits[0]["score"] == pytest.approx(
         max(float(stored.reconstruct(i) @ query) for i, *_ in rows), abs=1e-5
