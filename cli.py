@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -385,6 +386,212 @@ def calibrate(
     click.echo(f"cached for kv-embedding builds with this model: {path}")
     if plot:
         click.echo(f"plot: {plot}")
+
+
+@cli.group(name="eval")
+def evaluate() -> None:
+    """Measure retrieval (BEIR datasets) and similarity (STS) quality."""
+
+
+def _names(value: str | None) -> list[str | None]:
+    return [name.strip() for name in value.split(",") if name.strip()] if value else [None]
+
+
+def _model_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--model",
+        default=default_model,
+        show_default="$RAGIDX_MODEL or Qwen/Qwen2.5-0.5B-Instruct",
+        help="Hugging Face hub id or local model folder.",
+    )(command)
+
+
+@evaluate.command(name="retrieval")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--split", default="test", show_default=True, help="qrels/<split>.tsv to score against.")
+@click.option("--strategy", default=None, help="Comma-separated strategies (default: the model's default).")
+@click.option(
+    "--mode", "modes", default="dense,lexical,hybrid", show_default=True, help="Comma-separated search modes."
+)
+@_model_option
+@click.option("--max-docs", type=click.IntRange(min=1), default=None, help="Subsample the corpus.")
+@click.option("--max-queries", type=click.IntRange(min=1), default=None, help="Subsample the queries.")
+@click.option(
+    "--chunk-tokens", type=click.IntRange(min=8), default=None, help="Chunk budget (strategy default)."
+)
+@click.option("--max-length", type=click.IntRange(min=8), default=None, help="Longest input in tokens.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@_index_option
+@_device_options
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report.")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Draw the metrics to a PNG file.")
+def eval_retrieval(
+    directory: Path,
+    split: str,
+    strategy: str | None,
+    modes: str,
+    model: str,
+    max_docs: int | None,
+    max_queries: int | None,
+    chunk_tokens: int | None,
+    max_length: int | None,
+    batch_size: int,
+    index_dir: Path | None,
+    device: str,
+    dtype: str | None,
+    json_path: Path | None,
+    plot: Path | None,
+) -> None:
+    """nDCG@10, Recall@10/100 and MRR@10 of each strategy and mode on a BEIR-layout DIRECTORY.
+
+    Each strategy gets a temporary index of the corpus; with --index DIR the index there is
+    reused if it exists, and otherwise built there and kept.
+    """
+    from ragidx.app.retriever import MODES
+    from ragidx.indexer.evaluation import evaluate_retrieval, load_beir, subsample
+    from ragidx.indexer.pipeline import BuildOptions
+
+    mode_list = [mode for mode in _names(modes) if mode]
+    unknown = sorted(set(mode_list) - set(MODES))
+    if unknown or not mode_list:
+        raise RagidxError(f"unknown mode {', '.join(unknown) or modes!r}: choose from {', '.join(MODES)}")
+    strategies = _names(strategy)
+    if index_dir and len(strategies) > 1:
+        raise RagidxError("--index holds one strategy's index: give one --strategy with it")
+    dataset = subsample(load_beir(directory, split), max_docs, max_queries)
+    options = BuildOptions(
+        model=model,
+        device=device,
+        dtype=dtype or "auto",
+        chunk_tokens=chunk_tokens,
+        max_length=max_length,
+        batch_size=batch_size,
+    )
+    report = evaluate_retrieval(dataset, split, strategies, mode_list, options, index_dir)
+    if json_path:
+        json_path.write_text(json.dumps(report.to_dict(), indent=2), encoding="utf-8")
+    if plot:
+        from ragidx.indexer.plots import plot_retrieval
+
+        plot_retrieval(report, plot)
+    click.echo(
+        f"{report.dataset} ({report.split}): {report.queries} queries, {report.documents} documents, "
+        f"model {report.model}"
+    )
+    click.echo(
+        f"{'strategy':<14}{'mode':<9}{'nDCG@10':>8}{'R@10':>8}{'R@100':>8}{'MRR@10':>8}"
+        f"{'build s':>9}{'ms/query':>10}"
+    )
+    for row in report.rows:
+        m = row.metrics
+        click.echo(
+            f"{row.strategy:<14}{row.mode:<9}{m['ndcg@10']:>8.4f}{m['recall@10']:>8.4f}"
+            f"{m['recall@100']:>8.4f}{m['mrr@10']:>8.4f}{row.build_seconds:>9.1f}{row.query_ms:>10.1f}"
+        )
+
+
+@evaluate.command(name="sts")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--strategy", default=None, help="Comma-separated strategies (default: the model's default).")
+@_model_option
+@click.option("--max-pairs", type=click.IntRange(min=2), default=None, help="Use only the first N pairs.")
+@_device_options
+@_strategy_options
+@click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
+def eval_sts(
+    path: Path,
+    strategy: str | None,
+    model: str,
+    max_pairs: int | None,
+    device: str,
+    dtype: str | None,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Spearman x 100 between vector cosine and gold similarity on an STS-B or SICK file."""
+    from ragidx.indexer.evaluation import evaluate_sts, load_sts
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy, default_strategy_name
+
+    pairs = load_sts(path, max_pairs)
+    runtime = load_runtime(model, device, dtype or "auto")
+    strategy_options = _given_strategy_options(options)
+    rows = []
+    for name in _names(strategy):
+        name = name or default_strategy_name(runtime)
+        started = time.perf_counter()
+        score = evaluate_sts(pairs, create_strategy(name, runtime, **strategy_options))
+        rows.append({"strategy": name, "spearman": score, "seconds": time.perf_counter() - started})
+    if as_json:
+        _print_json({"file": str(path), "pairs": len(pairs.gold), "model": runtime.model_id, "rows": rows})
+        return
+    click.echo(f"{path.name}: {len(pairs.gold)} pairs, model {runtime.model_id}")
+    for row in rows:
+        click.echo(f"{row['strategy']:<14}Spearman x 100 = {row['spearman']:6.2f}   ({row['seconds']:.1f} s)")
+
+
+@cli.command()
+@_model_option
+@click.option("--strategy", default=None, help="Comma-separated strategies (default: the model's default).")
+@click.option(
+    "--texts",
+    type=click.Path(path_type=Path, exists=True),
+    default=None,
+    help="Documents to chunk and embed (default: ragidx's sample corpus).",
+)
+@click.option("--chunk-tokens", type=click.IntRange(min=8), default=256, show_default=True)
+@click.option("--max-texts", type=click.IntRange(min=1), default=None, help="Use only the first N chunks.")
+@click.option("--queries", type=click.IntRange(min=0), default=20, show_default=True, help="Timed queries.")
+@_device_options
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def bench(
+    model: str,
+    strategy: str | None,
+    texts: Path | None,
+    chunk_tokens: int,
+    max_texts: int | None,
+    queries: int,
+    device: str,
+    dtype: str | None,
+    as_json: bool,
+) -> None:
+    """Throughput, peak memory, query latency, layers run and FLOP/s efficiency per strategy."""
+    from ragidx.indexer.bench import bench_queries, bench_strategy, bench_texts, matmul_peak_flops
+    from ragidx.indexer.calibration import SAMPLE_CORPUS
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy, default_strategy_name
+
+    runtime = load_runtime(model, device, dtype or "auto")
+    chunks = bench_texts(runtime, texts or SAMPLE_CORPUS, chunk_tokens, max_texts)
+    peak = matmul_peak_flops(runtime)
+    rows = []
+    for name in _names(strategy):
+        name = name or default_strategy_name(runtime)
+        chosen = create_strategy(name, runtime)
+        rows.append(bench_strategy(chosen, name, chunks, bench_queries(chunks, queries), peak))
+    header = {
+        "model": runtime.model_id,
+        "device": str(runtime.device),
+        "dtype": str(runtime.dtype).removeprefix("torch."),
+        "texts": len(chunks),
+    }
+    if as_json:
+        _print_json({**header, "rows": [row.to_dict() for row in rows]})
+        return
+    click.echo(
+        f"{header['model']} on {header['device']} ({header['dtype']}), {len(chunks)} chunks of <= "
+        f"{chunk_tokens} tokens; matmul probe {peak / 1e9:.1f} GFLOP/s"
+    )
+    click.echo(
+        f"{'strategy':<14}{'tokens/s':>10}{'vectors/s':>11}{'peak MiB':>10}{'query p50':>11}{'p95 ms':>8}"
+        f"{'layers':>8}{'GFLOP/s':>9}{'of peak':>9}"
+    )
+    for row in rows:
+        click.echo(
+            f"{row.strategy:<14}{row.tokens_per_second:>10.1f}{row.vectors_per_second:>11.2f}"
+            f"{row.peak_rss_mib:>10.0f}{row.query_p50_ms:>11.1f}{row.query_p95_ms:>8.1f}"
+            f"{row.fraction_of_layers:>8.2f}{row.flops_per_second / 1e9:>9.1f}{row.fraction_of_peak:>9.1%}"
+        )
 
 
 @cli.command()

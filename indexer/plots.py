@@ -9,6 +9,7 @@ from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
     from ragidx.indexer.calibration import Calibration
+    from ragidx.indexer.evaluation import RetrievalReport
 
 
 def _pyplot() -> Any:
@@ -44,6 +45,10 @@ def plot_calibration(calibration: Calibration, path: Path) -> None:
     axes.set_ylabel("intrinsic dimension")
     axes.set_title(f"{Path(calibration.model).name}: {calibration.text_count} texts", fontsize=10)
     axes.legend(fontsize=8)
+    _save(figure, plt, path)
+
+
+def _save(figure: Any, plt: Any, path: Path) -> None:
     figure.tight_layout()
     try:
         figure.savefig(path, dpi=120)
@@ -51,3 +56,25 @@ def plot_calibration(calibration: Calibration, path: Path) -> None:
         raise RagidxError(f"cannot write the plot to {path}: {error.strerror or error}") from None
     finally:
         plt.close(figure)
+
+
+def plot_retrieval(report: RetrievalReport, path: Path) -> None:
+    """One panel per metric, one bar per strategy and mode."""
+    from ragidx.indexer.metrics import RETRIEVAL_METRICS
+
+    plt = _pyplot()
+    labels = [f"{row.strategy}\n{row.mode}" for row in report.rows]
+    figure, panels = plt.subplots(1, len(RETRIEVAL_METRICS), figsize=(3.2 * len(RETRIEVAL_METRICS), 3.6))
+    for axes, metric in zip(panels, RETRIEVAL_METRICS, strict=True):
+        values = [row.metrics[metric] for row in report.rows]
+        bars = axes.bar(range(len(values)), values, color="tab:blue")
+        axes.bar_label(bars, fmt="%.3f", fontsize=7)
+        axes.set_xticks(range(len(values)), labels, fontsize=7, rotation=45, ha="right")
+        axes.set_ylim(0, 1)
+        axes.set_title(metric, fontsize=10)
+    figure.suptitle(
+        f"{report.dataset} ({report.split}): {report.queries} queries, {report.documents} documents, "
+        f"{Path(report.model).name}",
+        fontsize=10,
+    )
+    _save(figure, plt, path)

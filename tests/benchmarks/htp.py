@@ -14,12 +14,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dtype import qwen2_05b_shaped
+from ragidx.indexer.bench import PeakRss
 from tiny_models import SAMPLE_CORPUS, save_tiny_model
 
 MIB = 2**20
@@ -33,29 +33,6 @@ def long_document(tokenizer, tokens: int) -> str:
     while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < tokens:
         text = f"{text}\n\n{text}"
     return Chunker(tokenizer, chunk_tokens=tokens, overlap_sentences=0).chunk(text)[0].text
-
-
-class PeakRss:
-    """Highest resident set size seen by a sampling thread while the block runs."""
-
-    def __enter__(self) -> PeakRss:
-        import psutil
-
-        self.process = psutil.Process()
-        self.before = self.peak = self.process.memory_info().rss
-        self.running = True
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while self.running:
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(0.002)
-
-    def __exit__(self, *exc: object) -> None:
-        self.running = False
-        self.thread.join()
 
 
 def child(model: str, name: str, tokens: int, repeats: int) -> dict:

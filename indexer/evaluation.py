@@ -1,0 +1,259 @@
+"""`ragidx eval`: retrieval quality on BEIR-layout datasets and similarity quality on STS files.
+
+Retrieval goes through the product's own path (documents written as files, ``build``, then
+``Index.search``), so the figures measure what users get, chunking and storage included.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import numpy as np
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.metrics import mean_retrieval_metrics, spearman
+
+DOCUMENTS_PER_QUERY = 100  # the deepest cut-off any metric reads (Recall@100)
+
+
+@dataclass(frozen=True)
+class BeirDataset:
+    """A corpus (id -> title, text), queries (id -> text) and graded judgements (query -> doc -> grade)."""
+
+    name: str
+    corpus: dict[str, tuple[str, str]]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise RagidxError(f"{path} not found: a BEIR folder has corpus.jsonl, queries.jsonl and qrels/")
+    records = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    raise RagidxError(f"{path}:{number}: not a JSON object") from None
+    return records
+
+
+def load_beir(directory: Path, split: str) -> BeirDataset:
+    """Read ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv`` (header, query, doc, grade)."""
+    qrels_path = directory / "qrels" / f"{split}.tsv"
+    if not qrels_path.is_file():
+        available = sorted(p.stem for p in (directory / "qrels").glob("*.tsv"))
+        raise RagidxError(
+            f"no qrels for split '{split}' in {directory}"
+            + (f": choose --split {' or '.join(available)}" if available else " (no qrels/ folder)")
+        )
+    corpus = {
+        str(r["_id"]): (str(r.get("title") or ""), str(r.get("text") or ""))
+        for r in _read_jsonl(directory / "corpus.jsonl")
+    }
+    queries = {str(r["_id"]): str(r["text"]) for r in _read_jsonl(directory / "queries.jsonl")}
+    qrels: dict[str, dict[str, int]] = {}
+    with qrels_path.open(encoding="utf-8") as rows:
+        for row in csv.reader(rows, delimiter="\t"):
+            if len(row) < 3 or not row[2].strip().lstrip("-").isdigit():
+                continue  # the header, or a blank line
+            query, document, grade = row[0], row[1], int(row[2])
+            if query in queries and document in corpus:
+                qrels.setdefault(query, {})[document] = grade
+    return BeirDataset(directory.name, corpus, queries, qrels)
+
+
+def subsample(dataset: BeirDataset, max_docs: int | None, max_queries: int | None) -> BeirDataset:
+    """Keep judged queries only (at most ``max_queries``), every document they judge, and fill up
+    to ``max_docs`` with other documents. Draws use a fixed seed, so runs are comparable."""
+    rng = np.random.default_rng(0)
+    judged = sorted(q for q, docs in dataset.qrels.items() if any(g > 0 for g in docs.values()))
+    if max_queries and len(judged) > max_queries:
+        judged = [judged[i] for i in sorted(rng.choice(len(judged), max_queries, replace=False))]
+    needed = {doc for q in judged for doc in dataset.qrels[q]}
+    others = sorted(set(dataset.corpus) - needed)
+    room = len(others) if max_docs is None else max(0, max_docs - len(needed))
+    if room < len(others):
+        others = [others[i] for i in sorted(rng.choice(len(others), room, replace=False))]
+    keep = needed | set(others)
+    return replace(
+        dataset,
+        corpus={doc: value for doc, value in dataset.corpus.items() if doc in keep},
+        queries={q: dataset.queries[q] for q in judged},
+        qrels={q: dataset.qrels[q] for q in judged},
+    )
+
+
+def document_text(title: str, text: str) -> str:
+    """A BEIR document as ragidx indexes it: the title as its own paragraph, then the text.
+
+    Stripped, because a chunk never starts or ends with whitespace.
+    """
+    return f"{title.strip()}\n\n{text.strip()}" if title.strip() else text.strip()
+
+
+def write_corpus(dataset: BeirDataset, folder: Path) -> None:
+    """One ``.txt`` file per document, named by its percent-encoded id (see :func:`document_id`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for doc, (title, text) in dataset.corpus.items():
+        (folder / f"{quote(doc, safe='')}.txt").write_text(document_text(title, text), encoding="utf-8")
+
+
+def document_id(path: str) -> str:
+    return unquote(Path(path).stem)
+
+
+@dataclass
+class RetrievalRow:
+    strategy: str
+    mode: str
+    metrics: dict[str, float]
+    build_seconds: float
+    query_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "mode": self.mode, **self.metrics,
+                "build_seconds": self.build_seconds, "query_ms": self.query_ms}  # fmt: skip
+
+
+@dataclass
+class RetrievalReport:
+    dataset: str
+    split: str
+    documents: int
+    queries: int
+    model: str
+    rows: list[RetrievalRow] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "split": self.split,
+            "documents": self.documents,
+            "queries": self.queries,
+            "model": self.model,
+            "rows": [row.to_dict() for row in self.rows],
+        }
+
+
+def rank_documents(index: Any, queries: Sequence[str], mode: str) -> list[list[tuple[str, float]]]:
+    """Each query's top documents: chunk hits grouped by document, a document scored by its best chunk."""
+    chunks_per_document = index.reader.counts()["chunks"] / max(index.reader.counts()["documents"], 1)
+    depth = math.ceil(DOCUMENTS_PER_QUERY * chunks_per_document) + 10
+    rankings = []
+    for hits in index.search_many(list(queries), depth, mode):
+        best: dict[str, float] = {}
+        for hit in hits:
+            doc = document_id(hit.path)
+            best[doc] = max(best.get(doc, -math.inf), hit.score)
+        rankings.append(sorted(best.items(), key=lambda item: (-item[1], item[0]))[:DOCUMENTS_PER_QUERY])
+    return rankings
+
+
+def evaluate_index(
+    index: Any, dataset: BeirDataset, strategy: str, modes: Sequence[str], build_seconds: float
+) -> list[RetrievalRow]:
+    query_ids = list(dataset.queries)
+    texts = [dataset.queries[q] for q in query_ids]
+    rows = []
+    for mode in modes:
+        started = time.perf_counter()
+        rankings = rank_documents(index, texts, mode)
+        query_ms = 1000 * (time.perf_counter() - started) / max(len(texts), 1)
+        metrics = mean_retrieval_metrics(dict(zip(query_ids, rankings, strict=True)), dataset.qrels)
+        rows.append(RetrievalRow(strategy, mode, metrics, build_seconds, query_ms))
+    return rows
+
+
+def evaluate_retrieval(
+    dataset: BeirDataset,
+    split: str,
+    strategies: Sequence[str | None],
+    modes: Sequence[str],
+    options: Any,
+    index_dir: Path | None = None,
+) -> RetrievalReport:
+    """Build (or reuse ``index_dir``) an index of the corpus per strategy and score every query.
+
+    ``options`` is a :class:`~ragidx.indexer.pipeline.BuildOptions` template; its strategy and
+    index folder are set per run.
+    """
+    from ragidx.app import Index
+    from ragidx.indexer.pipeline import build
+
+    report = RetrievalReport(dataset.name, split, len(dataset.corpus), len(dataset.queries), options.model)
+    with tempfile.TemporaryDirectory(prefix="ragidx-eval-") as scratch:
+        documents = Path(scratch) / "documents"
+        for strategy in strategies:
+            target = index_dir or Path(scratch) / f"index-{strategy}"
+            build_seconds = 0.0
+            if not (index_dir and (index_dir / "ragidx.db").is_file()):
+                if not documents.exists():
+                    write_corpus(dataset, documents)
+                started = time.perf_counter()
+                build([documents], replace(options, strategy=strategy, index_dir=target))
+                build_seconds = time.perf_counter() - started
+            with Index.open(target, device=options.device, dtype=None) as index:
+                name = index.meta["strategy"]
+                report.rows.extend(evaluate_index(index, dataset, name, modes, build_seconds))
+    return report
+
+
+@dataclass(frozen=True)
+class SimilarityPairs:
+    first: list[str]
+    second: list[str]
+    gold: list[float]
+
+
+def load_sts(path: Path, max_pairs: int | None = None) -> SimilarityPairs:
+    """STS-B (tab-separated, gold in column 5, sentences in 6 and 7) or SICK (a header names the columns)."""
+    if not path.is_file():
+        raise RagidxError(f"{path} not found")
+    with path.open(encoding="utf-8", newline="") as file:
+        rows = list(csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE))
+    header = [cell.strip() for cell in rows[0]] if rows else []
+    if {"sentence_A", "sentence_B", "relatedness_score"} <= set(header):
+        columns = [header.index(name) for name in ("relatedness_score", "sentence_A", "sentence_B")]
+        rows = rows[1:]
+    else:
+        columns = [4, 5, 6]
+    pairs = SimilarityPairs([], [], [])
+    for number, row in enumerate(rows, 1):
+        if len(row) <= max(columns):
+            continue
+        try:
+            score = float(row[columns[0]])
+        except ValueError:
+            raise RagidxError(
+                f"{path}:{number}: expected a similarity score, got {row[columns[0]]!r}"
+            ) from None
+        pairs.gold.append(score)
+        pairs.first.append(row[columns[1]])
+        pairs.second.append(row[columns[2]])
+        if max_pairs and len(pairs.gold) >= max_pairs:
+            break
+    if len(pairs.gold) < 2:
+        raise RagidxError(f"{path}: no STS-B or SICK sentence pairs found")
+    return pairs
+
+
+def evaluate_sts(pairs: SimilarityPairs, strategy: Any) -> float:
+    """Spearman × 100 between the cosine of the two sentences' vectors and the gold scores.
+
+    Both sentences are embedded as documents: the task is symmetric, and a query template would
+    make one side differ from the other for no reason.
+    """
+    first = strategy.encode(pairs.first, "document")
+    second = strategy.encode(pairs.second, "document")
+    return 100.0 * spearman((first * second).sum(axis=1).tolist(), pairs.gold)

@@ -1,0 +1,137 @@
+"""`ragidx eval retrieval|sts` and `ragidx bench` with the tiny models, against independent computations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.evaluation import document_text, load_beir, load_sts, subsample
+from ragidx.indexer.metrics import mean_retrieval_metrics, spearman
+from test_cli import ragidx
+
+
+@pytest.fixture(scope="module")
+def beir(tmp_path_factory, sample_corpus) -> Path:
+    """A BEIR folder made from the sample corpus: one document per file, queries from their sentences."""
+    folder = tmp_path_factory.mktemp("beir")
+    files = sorted(p for p in sample_corpus.rglob("*.md") if p.is_file())
+    corpus, queries, qrels = [], [], ["query-id\tcorpus-id\tscore"]
+    for number, path in enumerate(files):
+        text = path.read_text(encoding="utf-8")
+        corpus.append({"_id": f"doc/{number}", "title": path.stem, "text": text})
+        sentence = next(line for line in text.splitlines() if len(line.split()) > 6)
+        queries.append({"_id": f"q{number}", "text": sentence})
+        qrels += [f"q{number}\tdoc/{number}\t2", f"q{number}\tdoc/{(number + 1) % len(files)}\t1"]
+    queries.append({"_id": "unjudged", "text": "nothing judges this query"})
+    (folder / "corpus.jsonl").write_text("\n".join(map(json.dumps, corpus)), encoding="utf-8")
+    (folder / "queries.jsonl").write_text("\n".join(map(json.dumps, queries)), encoding="utf-8")
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("\n".join(qrels) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_eval_retrieval_equals_exact_search_over_whole_documents(beir, tiny_models, tmp_path):
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy
+
+    report_path, plot = tmp_path / "report.json", tmp_path / "metrics.png"
+    model = tiny_models["llama"]
+    ragidx("eval", "retrieval", beir, "--model", model, "--strategy", "mean,prompteol", "--mode",
+           "dense,lexical", "--chunk-tokens", "100000", "--json", report_path, "--plot", plot)  # fmt: skip
+    report = json.loads(report_path.read_text())
+    dataset = load_beir(beir, "test")
+    assert (report["documents"], report["queries"]) == (len(dataset.corpus), len(dataset.queries) - 1)
+    assert [(r["strategy"], r["mode"]) for r in report["rows"]] == [
+        ("mean", "dense"), ("mean", "lexical"), ("prompteol", "dense"), ("prompteol", "lexical")
+    ]  # fmt: skip
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    runtime = load_runtime(str(tiny_models["llama"]), device="cpu", dtype="float32")
+    for row in report["rows"][::2]:
+        strategy = create_strategy(row["strategy"], runtime)
+        ids = list(dataset.corpus)
+        documents = strategy.encode([document_text(*dataset.corpus[d]) for d in ids])
+        judged = [q for q in dataset.queries if q in dataset.qrels]
+        scores = strategy.encode([dataset.queries[q] for q in judged], "query") @ documents.T
+        rankings = {
+            q: list(zip(ids, map(float, row_scores), strict=True))
+            for q, row_scores in zip(judged, scores, strict=True)
+        }
+        expected = mean_retrieval_metrics(rankings, dataset.qrels)
+        assert {k: row[k] for k in expected} == pytest.approx(expected, abs=1e-6)
+    assert report["rows"][1]["ndcg@10"] == report["rows"][3]["ndcg@10"]  # BM25 does not depend on the model
+
+
+def test_subsample_keeps_every_judged_document(beir):
+    dataset = load_beir(beir, "test")
+    small = subsample(dataset, max_docs=3, max_queries=2)
+    assert len(small.queries) == 2 and set(small.qrels) == set(small.queries)
+    judged = {doc for q in small.queries for doc in dataset.qrels[q]}
+    assert set(small.corpus) == judged  # more judged documents than max_docs: all of them, nothing else
+    assert subsample(dataset, 3, 2) == small
+    larger = subsample(dataset, max_docs=len(judged) + 2, max_queries=2)
+    assert len(larger.corpus) == len(judged) + 2 and judged <= set(larger.corpus)
+
+
+def test_beir_errors_name_what_is_missing(beir, tmp_path):
+    with pytest.raises(RagidxError, match=r"no qrels for split 'dev'.*--split test"):
+        load_beir(beir, "dev")
+    with pytest.raises(RagidxError, match="no qrels/ folder"):
+        load_beir(tmp_path, "test")
+
+
+def test_sts_formats_and_score(tmp_path, tiny_models):
+    stsb = tmp_path / "sts-dev.csv"
+    rows = [("A man is dancing.", "A man dances.", 4.8), ("A dog runs.", "The stock market fell.", 0.2),
+            ("Kids play.", "Children are playing.", 4.1), ("Rain falls.", "It is raining.", 3.9)]  # fmt: skip
+    stsb.write_text(
+        "".join(
+            f"main\tMSRvid\t2012\t{i:04d}\t{s}\t{a}\t{b}\textra\tcols\n" for i, (a, b, s) in enumerate(rows)
+        ),
+        encoding="utf-8",
+    )
+    sick = tmp_path / "SICK.txt"
+    sick.write_text(
+        "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+        + "".join(f"{i}\t{a}\t{b}\t{s}\tNEUTRAL\n" for i, (a, b, s) in enumerate(rows)),
+        encoding="utf-8",
+    )
+    assert load_sts(stsb) == load_sts(sick)
+    assert load_sts(stsb).first[1] == "A dog runs." and load_sts(stsb, max_pairs=2).gold == [4.8, 0.2]
+    out = json.loads(ragidx("eval", "sts", stsb, "--model", tiny_models["qwen2"], "--strategy", "mean,last",
+                            "--json").stdout)  # fmt: skip
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy
+
+    runtime = load_runtime(str(tiny_models["qwen2"]), device="cpu", dtype="float32")
+    for row in out["rows"]:
+        strategy = create_strategy(row["strategy"], runtime)
+        a = strategy.encode([r[0] for r in rows])
+        b = strategy.encode([r[1] for r in rows])
+        assert row["spearman"] == pytest.approx(100 * spearman((a * b).sum(1), [r[2] for r in rows]))
+
+
+def test_bench_reports_layers_and_counted_flops(tiny_models):
+    import torch
+    from ragidx.indexer.runtime import load_runtime
+
+    args = ("--max-texts", "1", "--queries", "3", "--device", "cpu", "--json")
+    out = json.loads(ragidx("bench", "--model", tiny_models["llama"], "--strategy", "mean,htp", *args).stdout)
+    mean, htp = out["rows"]
+    assert (out["texts"], mean["texts"], mean["strategy"], htp["strategy"]) == (1, 1, "mean", "htp")
+    assert mean["fraction_of_layers"] == 1.0 and htp["fraction_of_layers"] == pytest.approx(5 / 6)
+    runtime = load_runtime(str(tiny_models["llama"]), device="cpu", dtype="float32")
+    linear = sum(
+        m.weight.numel()
+        for layer in runtime.arch.layers
+        for m in layer.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
+    assert mean["flops"] == 2 * mean["tokens"] * linear  # one text: no padding; CPU SDPA is not counted
+    for row in (mean, htp):
+        assert row["vectors_per_second"] == pytest.approx(1 / row["seconds"])
+        assert row["fraction_of_peak"] == pytest.approx(
+            row["flops"] / row["seconds"] / row["matmul_peak_flops_per_second"]
+        )
+        assert 0 < row["query_p50_ms"] <= row["query_p95_ms"] and row["peak_rss_mib"] > 100
