@@ -197,8 +197,8 @@ def model_key(runtime: ModelRuntime) -> str:
     return f"{readable}-{digest.hexdigest()[:16]}"
 
 
-def cache_path(runtime: ModelRuntime) -> Path:
-    return cache_dir() / "calibration" / f"{model_key(runtime)}.json"
+def cache_path(key: str) -> Path:
+    return cache_dir() / "calibration" / f"{key}.json"
 
 
 def save_calibration(calibration: Calibration, path: Path) -> None:
@@ -211,7 +211,7 @@ def save_calibration(calibration: Calibration, path: Path) -> None:
 
 def load_calibration(runtime: ModelRuntime) -> Calibration | None:
     """The cached calibration of this exact model, or None (absent, unreadable, or for other layers)."""
-    path = cache_path(runtime)
+    path = cache_path(model_key(runtime))
     try:
         calibration = Calibration(**json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
@@ -284,6 +284,6 @@ def calibrate_and_cache(
         total=len(texts), desc="calibrating", unit="text", disable=None if progress else True, file=sys.stderr
     ) as bar:
         calibration = calibrate(runtime, texts, texts_from, bar.update)
-    path = cache_path(runtime)
+    path = cache_path(calibration.model_key)
     save_calibration(calibration, path)
     return calibration, path

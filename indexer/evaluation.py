@@ -122,8 +122,13 @@ class RetrievalRow:
     query_ms: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.strategy, "mode": self.mode, **self.metrics,
-                "build_seconds": self.build_seconds, "query_ms": self.query_ms}  # fmt: skip
+        return {
+            "strategy": self.strategy,
+            "mode": self.mode,
+            **self.metrics,
+            "build_seconds": self.build_seconds,
+            "query_ms": self.query_ms,
+        }
 
 
 @dataclass
@@ -148,7 +153,8 @@ class RetrievalReport:
 
 def rank_documents(index: Any, queries: Sequence[str], mode: str) -> list[list[tuple[str, float]]]:
     """Each query's top documents: chunk hits grouped by document, a document scored by its best chunk."""
-    chunks_per_document = index.reader.counts()["chunks"] / max(index.reader.counts()["documents"], 1)
+    counts = index.reader.counts()
+    chunks_per_document = counts["chunks"] / max(counts["documents"], 1)
     depth = math.ceil(DOCUMENTS_PER_QUERY * chunks_per_document) + 10
     rankings = []
     for hits in index.search_many(list(queries), depth, mode):
