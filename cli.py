@@ -38,26 +38,6 @@ def _device_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )
 
 
-STRATEGY_OPTIONS = (
-    "prompt",
-    "layers",
-    "query_instruction",
-    "normalize_layers",
-    "rewire",
-    "exit_layer",
-    "block_sentences",
-    "placeholder_init",
-    "pool",
-    "icl_demo",
-    "aux_prompt",
-    "cp_layer",
-    "cp_mode",
-    "cp_alpha",
-    "output_layer",
-    "kv_bias",
-)
-
-
 def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Options that only some strategies take; the strategy refuses the ones it does not."""
     options = [
@@ -117,8 +97,9 @@ def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def _given_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
     """Pop the strategy options out of a command's keyword arguments, keeping only those given."""
-    given = {name: options.pop(name) for name in STRATEGY_OPTIONS}
-    return {name: value for name, value in given.items() if value is not None}
+    from ragidx.indexer.pipeline import split_strategy_options
+
+    return split_strategy_options(options)
 
 
 def _print_json(data: Any) -> None:
@@ -185,13 +166,11 @@ def cli(debug: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **options: Any) -> None:
     """Index the documents under PATHS (replacing the index's previous contents)."""
-    from ragidx.indexer.pipeline import BuildOptions
     from ragidx.indexer.pipeline import build as run_build
-    from ragidx.indexer.store import default_index_dir
+    from ragidx.indexer.pipeline import build_options
 
     options["dtype"] = options["dtype"] or "auto"
-    options["strategy_options"] = _given_strategy_options(options)
-    report = run_build(list(paths), BuildOptions(index_dir=index_dir or default_index_dir(), **options))
+    report = run_build(list(paths), build_options(index_dir, **options))
     if as_json:
         _print_json(report.to_dict())
         return
@@ -225,6 +204,21 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     show_default=True,
     help="Vectors, FTS5 BM25, or both fused by reciprocal rank.",
 )
+@click.option(
+    "--path", "paths", multiple=True, help="Only documents whose path matches this glob (repeatable)."
+)
+@click.option(
+    "--ext", "exts", multiple=True, help="Only documents with this extension, e.g. md (repeatable)."
+)
+@click.option(
+    "--meta",
+    "meta",
+    multiple=True,
+    help="Only documents whose metadata KEY has VALUE: KEY=VALUE (repeatable).",
+)
+@click.option(
+    "--min-score", type=float, default=None, help="Drop hits scoring below this (the mode's own scale)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print results as a JSON list.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per result.")
 def query(
@@ -236,27 +230,43 @@ def query(
     dtype: str | None,
     model: str | None,
     strategy: str | None,
+    paths: tuple[str, ...],
+    exts: tuple[str, ...],
+    meta: tuple[str, ...],
+    min_score: float | None,
     as_json: bool,
     as_jsonl: bool,
 ) -> None:
     """Search the index for TEXT."""
     from ragidx.app import Index
+    from ragidx.indexer.filters import Filters
 
+    if as_json and as_jsonl:
+        raise RagidxError("--json and --jsonl exclude each other")
+    filters = Filters.create(paths, exts, Filters.parse_meta(meta))
     with Index.open(index_dir, device=device, dtype=dtype) as index:
         index.check_compatible(model, strategy)
-        hits = index.search(text, k, mode)
+        hits = index.search(text, k, mode, filters, min_score)
     if as_json:
         _print_json([hit.to_dict() for hit in hits])
     elif as_jsonl:
         for hit in hits:
             click.echo(json.dumps(hit.to_dict(), ensure_ascii=False))
     else:
-        for hit in hits:
-            click.echo(
-                f"{hit.rank:>2}  {hit.score:.4f}  {_display_path(hit.path)}:{hit.start}-{hit.end}  "
-                f"{hit.title}"
-            )
-            click.echo(f"    {hit.snippet}")
+        _print_hits(hits)
+
+
+def _print_hits(hits: list[Any]) -> None:
+    """Rank, score, place and title, then the snippet; query words in bold colour on a terminal."""
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    if not hits:
+        click.echo("no results", err=True)
+    for hit in hits:
+        start, end = hit.span
+        header = f"{hit.rank:>2}  {hit.score:.4f}  {_display_path(hit.path)}:{start}-{end}  {hit.title}"
+        click.echo(click.style(header, bold=True) if color else header, color=color)
+        marked = hit.snippet.render(lambda w: click.style(w, fg="yellow", bold=True)) if color else None
+        click.echo(f"    {marked or hit.snippet.text}", color=color)
 
 
 @cli.command()

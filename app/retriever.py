@@ -2,47 +2,50 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from ragidx.app.snippets import Snippet, make_snippet, query_stems
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.store import IndexReader, default_index_dir
+from ragidx.indexer.filters import Filters
+from ragidx.indexer.store import IndexReader, default_index_dir, read_meta
 
 if TYPE_CHECKING:
     from ragidx.indexer.strategies import Role, Strategy
 
-SNIPPET_CHARS = 240
 MODES = ("hybrid", "dense", "lexical")
+MODEL_SETTINGS = ("model", "strategy", "strategy_params")
 RRF_K = 60
 MIN_CANDIDATES = 100  # per list before fusion: enough that fusion can promote a chunk from far down
 
 
 @dataclass(frozen=True)
 class Hit:
-    """One retrieved chunk; ``start``/``end`` are character offsets into the document's text."""
+    """One retrieved chunk; ``span`` is its (start, end) character offsets into the document's text.
+
+    ``score`` depends on the mode: cosine (dense), -BM25 (lexical), fused RRF value (hybrid).
+    """
 
     rank: int
     score: float
     chunk_id: int
     path: str
     title: str
-    start: int
-    end: int
+    span: tuple[int, int]
     text: str
+    snippet: Snippet
     metadata: dict[str, Any]
     dense_rank: int | None = None
     lexical_rank: int | None = None
 
-    @property
-    def snippet(self) -> str:
-        flat = " ".join(self.text.split())
-        return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1].rsplit(" ", 1)[0] + "…"
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+FilterSpec = Filters | Mapping[str, Any] | None
 
 
 class Index:
@@ -61,9 +64,33 @@ class Index:
     ) -> Index:
         return cls(IndexReader(directory or default_index_dir()), device, dtype)
 
+    @classmethod
+    def build(cls, paths: Sequence[str | Path], index: str | Path | None = None, **options: Any) -> Index:
+        """Index the documents under ``paths`` into ``index`` and open it.
+
+        ``options`` are ``ragidx build``'s, in Python spelling (``model=``, ``strategy="htp"``,
+        ``chunk_tokens=``, ``device=``, strategy options such as ``layers="20-27"``...).
+        """
+        from ragidx.indexer.pipeline import build, build_options
+
+        settings = build_options(index, **options)
+        build(list(paths), settings)
+        return cls.open(settings.index_dir, device=settings.device)
+
     @property
     def meta(self) -> dict[str, Any]:
         return self.reader.meta
+
+    def refresh(self) -> None:
+        """Follow a build that committed since this index was opened (a server stays up across builds)."""
+        generation = self.reader.db.execute("select value from meta where key = 'generation'").fetchone()
+        if generation is None or int(generation[0]) == self.meta.get("generation"):
+            return
+        old = self.meta
+        self.reader.meta = read_meta(self.reader.db)
+        self._vectors = None
+        if any(old.get(key) != self.meta.get(key) for key in MODEL_SETTINGS):
+            self._strategy = None
 
     @property
     def strategy(self) -> Strategy:
@@ -94,16 +121,33 @@ class Index:
         """Vectors as this index would store (documents) or search with (queries)."""
         return self.strategy.encode(list(texts), role)
 
-    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> list[Hit]:
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        mode: str = "hybrid",
+        filters: FilterSpec = None,
+        min_score: float | None = None,
+    ) -> list[Hit]:
         """The ``k`` best chunks for ``query``.
 
         ``dense``: inner product of the vectors (the score is the cosine); ``lexical``: FTS5 BM25
         over the chunk text (the score is -bm25); ``hybrid`` (default): reciprocal rank fusion,
         Σ 1/(60 + rank), of both lists' top candidates (the score is the fused value).
+        ``filters`` (a :class:`Filters` or ``{"path": ..., "ext": ..., "meta": {...}}``) restrict
+        the candidates inside each search, so ``k`` hits come back whenever ``k`` chunks match;
+        ``min_score`` then drops hits scoring below it.
         """
-        return self.search_many([query], k, mode)[0]
+        return self.search_many([query], k, mode, filters, min_score)[0]
 
-    def search_many(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid") -> list[list[Hit]]:
+    def search_many(
+        self,
+        queries: Sequence[str],
+        k: int = 10,
+        mode: str = "hybrid",
+        filters: FilterSpec = None,
+        min_score: float | None = None,
+    ) -> list[list[Hit]]:
         """:meth:`search` for several queries, embedding them in one batch."""
         if k < 1:
             raise RagidxError(f"k must be at least 1, got {k}")
@@ -111,30 +155,45 @@ class Index:
             raise RagidxError(f"unknown mode '{mode}': choose one of {', '.join(MODES)}")
         if any(not query.strip() for query in queries):
             raise RagidxError("the query is empty")
+        chosen = filters if isinstance(filters, Filters) else Filters.from_mapping(filters)
+        self.refresh()
+        allowed = self.reader.filtered_chunk_ids(chosen) if chosen else None
+        if allowed is not None and not len(allowed):
+            return [[] for _ in queries]
         candidates = k if mode != "hybrid" else max(MIN_CANDIDATES, 2 * k)
-        dense = self._dense_rankings(queries, candidates) if mode != "lexical" else None
+        dense = self._dense_rankings(queries, candidates, allowed) if mode != "lexical" else None
         results = []
         for index, query in enumerate(queries):
             ranked = {
                 "dense": dense[index] if dense is not None else [],
-                "lexical": self.reader.lexical_search(query, candidates) if mode != "dense" else [],
+                "lexical": self.reader.lexical_search(query, candidates, chosen) if mode != "dense" else [],
             }
             scored = reciprocal_rank_fusion(ranked.values()) if mode == "hybrid" else ranked[mode]
-            results.append(self._hits(scored[:k], ranked))
+            if min_score is not None:
+                scored = [(chunk_id, score) for chunk_id, score in scored if score >= min_score]
+            results.append(self._hits(query, scored[:k], ranked))
         return results
 
-    def _dense_rankings(self, queries: Sequence[str], limit: int) -> list[list[tuple[int, float]]]:
+    def _dense_rankings(
+        self, queries: Sequence[str], limit: int, allowed: np.ndarray | None
+    ) -> list[list[tuple[int, float]]]:
+        """Nearest chunks by inner product; ``allowed`` ids go to FAISS as a selector, so the
+        search itself skips filtered-out chunks instead of returning fewer than ``limit``."""
+        import faiss
+
         if self._vectors is None:
             self._vectors = self.reader.load_vectors()
         vectors = self.embed(list(queries), "query")
-        scores, ids = self._vectors.search(vectors, min(limit, max(self._vectors.ntotal, 1)))
+        pool = self._vectors.ntotal if allowed is None else len(allowed)
+        params = None if allowed is None else faiss.SearchParameters(sel=faiss.IDSelectorBatch(allowed))
+        scores, ids = self._vectors.search(vectors, min(limit, max(pool, 1)), params=params)
         return [
             [(int(i), float(s)) for s, i in zip(row_scores, row_ids, strict=True) if i >= 0]
             for row_scores, row_ids in zip(scores, ids, strict=True)
         ]
 
     def _hits(
-        self, scored: Sequence[tuple[int, float]], ranked: dict[str, list[tuple[int, float]]]
+        self, query: str, scored: Sequence[tuple[int, float]], ranked: dict[str, list[tuple[int, float]]]
     ) -> list[Hit]:
         rows = self.reader.chunk_rows([chunk_id for chunk_id, _ in scored])
         ranks = {
@@ -142,9 +201,12 @@ class Index:
             for name, found in ranked.items()
         }
         found = [(chunk_id, score) for chunk_id, score in scored if chunk_id in rows]
+        stems = query_stems(query)
         hits = []
         for rank, (chunk_id, score) in enumerate(found, start=1):
             row = rows[chunk_id]
+            start = row["char_start"]
+            sentences = [(s - start, e - start) for s, e in row["sentences"]]
             hits.append(
                 Hit(
                     rank=rank,
@@ -152,9 +214,9 @@ class Index:
                     chunk_id=chunk_id,
                     path=row["path"],
                     title=row["title"],
-                    start=row["char_start"],
-                    end=row["char_end"],
+                    span=(start, row["char_end"]),
                     text=row["text"],
+                    snippet=make_snippet(row["text"], sentences, stems),
                     metadata=row["metadata"],
                     dense_rank=ranks["dense"].get(chunk_id),
                     lexical_rank=ranks["lexical"].get(chunk_id),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -18,6 +19,25 @@ from ragidx.indexer.sources import SkippedFile, SourceDocument, scan
 from ragidx.indexer.store import DocumentRecord, IndexWriter, default_index_dir
 
 EMBED_SLICE = 256  # chunks tokenised and embedded per step; bounds memory, not results
+# Options only some strategies take (each strategy refuses the ones it does not).
+STRATEGY_OPTIONS = (
+    "prompt",
+    "layers",
+    "query_instruction",
+    "normalize_layers",
+    "rewire",
+    "exit_layer",
+    "block_sentences",
+    "placeholder_init",
+    "pool",
+    "icl_demo",
+    "aux_prompt",
+    "cp_layer",
+    "cp_mode",
+    "cp_alpha",
+    "output_layer",
+    "kv_bias",
+)
 
 
 @dataclass
@@ -41,6 +61,24 @@ class BuildOptions:
     rebuild: bool = False
     trust_remote_code: bool = False
     progress: bool = True
+
+
+def split_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Pop the strategy options out of ``options``, keeping only those given (not None)."""
+    given = {name: options.pop(name, None) for name in STRATEGY_OPTIONS}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def build_options(index_dir: str | Path | None = None, **options: Any) -> BuildOptions:
+    """:class:`BuildOptions` from keyword arguments; strategy options may be given flat."""
+    strategy_options = {**options.pop("strategy_options", {}), **split_strategy_options(options)}
+    known = {f.name for f in dataclasses.fields(BuildOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise RagidxError(f"unknown build option {unknown[0]!r}")
+    if index_dir is not None:
+        options["index_dir"] = Path(index_dir)
+    return BuildOptions(strategy_options=strategy_options, **options)
 
 
 @dataclass
@@ -188,7 +226,7 @@ def _chunk_documents(
     from tqdm import tqdm
 
     bar = tqdm(documents, desc="chunking", unit="file", disable=None if progress else True, file=sys.stderr)
-    return [DocumentRecord(doc, chunker.chunk(doc.text), {}) for doc in bar]
+    return [DocumentRecord(doc, chunker.chunk(doc.text), doc.metadata) for doc in bar]
 
 
 def _embed(records: Sequence[DocumentRecord], strategy: Any, progress: bool) -> np.ndarray:

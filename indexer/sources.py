@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ragidx.indexer.errors import RagidxError
 
@@ -56,6 +58,8 @@ HTML_BLOCKS = (
 HTML_INVISIBLE = ("script", "style", "noscript", "template", "head", "nav")
 BINARY_SNIFF_BYTES = 8192
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*(?:\r?\n|\Z)", re.DOTALL | re.MULTILINE)
+HTML_META_IGNORED = frozenset({"viewport", "robots", "generator", "theme-color", "color-scheme"})
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class SourceDocument:
     mtime: float
     title: str
     kind: str
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -136,9 +141,12 @@ def read_document(path: Path) -> SourceDocument | SkippedFile:
     text = decode_text(data)
     if text is None:
         return SkippedFile(str(path), "binary content")
-    title = None
+    metadata: dict[str, Any] = {}
     if kind == "html":
-        text, title = html_to_text(text)
+        text, metadata = html_to_text(text)
+    elif kind == "markdown":
+        text, metadata = split_front_matter(text)
+    title = metadata.get("title")
     if not text.strip():
         return SkippedFile(str(path), "no text")
     return SourceDocument(
@@ -147,8 +155,9 @@ def read_document(path: Path) -> SourceDocument | SkippedFile:
         content_hash=hashlib.sha256(data).hexdigest(),
         size=len(data),
         mtime=stat.st_mtime,
-        title=title or guess_title(text, path),
+        title=title if isinstance(title, str) and title.strip() else guess_title(text, path),
         kind=kind,
+        metadata=metadata,
     )
 
 
@@ -180,19 +189,53 @@ def decode_text(data: bytes) -> str | None:
     return str(next(tied, best))
 
 
-def html_to_text(markup: str) -> tuple[str, str | None]:
-    """Visible text of an HTML page, one paragraph per block element, and its <title>."""
+def html_to_text(markup: str) -> tuple[str, dict[str, Any]]:
+    """Visible text of an HTML page, one paragraph per block element, and its metadata.
+
+    The metadata is the ``<title>`` (as ``title``) and every ``<meta name=... content=...>``
+    but presentation ones such as ``viewport``.
+    """
     from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(markup, "html.parser")
-    title = soup.title.get_text(" ", strip=True) if soup.title else None
+    metadata: dict[str, Any] = {}
+    for tag in soup.find_all("meta", attrs={"name": True, "content": True}):
+        name = str(tag["name"]).strip().lower()
+        if name and name not in HTML_META_IGNORED:
+            metadata[name] = str(tag["content"]).strip()
+    if soup.title and soup.title.get_text(strip=True):
+        metadata["title"] = soup.title.get_text(" ", strip=True)
     for tag in soup.find_all(HTML_INVISIBLE):
         tag.decompose()
     for tag in soup.find_all(HTML_BLOCKS):
         tag.insert_before("\n\n")
         tag.insert_after("\n\n")
     paragraphs = (" ".join(block.split()) for block in PARAGRAPH_BREAK.split(soup.get_text()))
-    return "\n\n".join(p for p in paragraphs if p), title or None
+    return "\n\n".join(p for p in paragraphs if p), metadata
+
+
+def split_front_matter(text: str) -> tuple[str, dict[str, Any]]:
+    """A Markdown file's YAML front matter as metadata, and the text with it blanked out.
+
+    The front matter becomes spaces (its line breaks kept), so chunk offsets still point into the
+    file itself. Only a mapping counts as front matter; anything else between ``---`` lines (a
+    horizontal rule, broken YAML) stays part of the text. Dates and other non-JSON values become
+    strings, so the metadata round-trips through the index's JSON column unchanged.
+    """
+    import yaml
+
+    match = FRONT_MATTER.match(text)
+    if not match:
+        return text, {}
+    try:
+        data = yaml.safe_load(match.group(1))
+    except yaml.YAMLError:
+        return text, {}
+    if not isinstance(data, dict):
+        return text, {}
+    metadata = json.loads(json.dumps({str(k): v for k, v in data.items()}, default=str))
+    blanked = re.sub(r"[^\n]", " ", match.group(0))
+    return blanked + text[match.end() :], metadata
 
 
 def guess_title(text: str, path: Path) -> str:

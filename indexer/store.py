@@ -26,6 +26,7 @@ from ragidx.indexer.errors import RagidxError
 if TYPE_CHECKING:
     import faiss
     from ragidx.indexer.chunking import Chunk
+    from ragidx.indexer.filters import Filters
     from ragidx.indexer.sources import SourceDocument
     from sqlite_utils import Database
 
@@ -163,28 +164,55 @@ class IndexReader:
         marks = ",".join("?" for _ in chunk_ids)
         sql = f"""
             select c.id as chunk_id, c.text, c.char_start, c.char_end, c.ordinal, c.token_count,
-                   d.path, d.title, d.metadata, d.id as document_id
+                   c.sentences, d.path, d.title, d.metadata, d.id as document_id
             from chunks c join documents d on d.id = c.document_id
             where c.id in ({marks})
         """
         rows = self.db.query(sql, [int(i) for i in chunk_ids])
-        return {row["chunk_id"]: {**row, "metadata": json.loads(row["metadata"] or "{}")} for row in rows}
+        return {
+            row["chunk_id"]: {
+                **row,
+                "metadata": json.loads(row["metadata"] or "{}"),
+                "sentences": [tuple(span) for span in json.loads(row["sentences"] or "[]")],
+            }
+            for row in rows
+        }
 
-    def lexical_search(self, query: str, limit: int) -> list[tuple[int, float]]:
+    def filtered_chunk_ids(self, filters: Filters) -> np.ndarray:
+        """Ids of the chunks whose documents pass ``filters``, ascending."""
+        condition, params = filters.document_condition()
+        rows = self.db.execute(
+            f"select c.id from chunks c join documents d on d.id = c.document_id where {condition} "
+            "order by c.id",
+            params,
+        ).fetchall()
+        return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+
+    def lexical_search(
+        self, query: str, limit: int, filters: Filters | None = None
+    ) -> list[tuple[int, float]]:
         """Chunk ids and BM25 scores (higher is better) from the FTS5 table, best first.
 
         The query's words are each quoted, so FTS5 syntax in user text (quotes, ``*``, ``-``,
         ``NEAR``, parentheses) is matched as plain words and never raises; words are OR-ed, as
-        BM25 ranking expects, rather than all required.
+        BM25 ranking expects, rather than all required. Filters restrict the match itself, so
+        ``limit`` matching chunks come back whenever that many exist.
         """
         words = FTS_WORD.findall(query)
         if not words:
             return []
         match = " OR ".join(f'"{word}"' for word in dict.fromkeys(w.lower() for w in words))
+        restriction, params = "", []
+        if filters:
+            condition, params = filters.document_condition()
+            restriction = (
+                " and rowid in (select c.id from chunks c join documents d on d.id = c.document_id "
+                f"where {condition})"
+            )
         rows = self.db.execute(
-            "select rowid, bm25(chunks_fts) from chunks_fts where chunks_fts match ? "
+            f"select rowid, bm25(chunks_fts) from chunks_fts where chunks_fts match ?{restriction} "
             "order by bm25(chunks_fts), rowid limit ?",
-            [match, int(limit)],
+            [match, *params, int(limit)],
         ).fetchall()
         return [(int(rowid), -float(rank)) for rowid, rank in rows]
 

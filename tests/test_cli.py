@@ -98,7 +98,7 @@ def test_a_chunks_own_text_retrieves_it_first(built):
     for chunk_id, text, start, end, path in rows[::13]:
         hit = top_hit(index, text)
         assert hit["chunk_id"] == chunk_id and hit["score"] == pytest.approx(1.0, abs=1e-4)
-        assert (hit["path"], hit["start"], hit["end"], hit["text"]) == (path, start, end, text)
+        assert (hit["path"], hit["span"], hit["text"]) == (path, [start, end], text)
         if path.endswith((".md", ".txt")):
             assert Path(path).read_text(encoding="utf-8")[start:end] == text
 
@@ -107,6 +107,73 @@ def test_human_query_output(built):
     index, _ = built
     out = ragidx("query", "lighthouse lenses", "--index", index, "-k", "2").stdout.splitlines()
     assert len(out) == 4 and re.match(r"^ 1  \d\.\d{4}  \S+:\d+-\d+  ", out[0])
+    assert "\x1b[" not in "".join(out)  # not a terminal: plain text
+
+
+def run_on_terminal(args: list[str], env: dict[str, str] | None = None) -> str:
+    """Run ragidx with stdout on a pseudo-terminal and return what it printed."""
+    main, child = pty.openpty()
+    process = subprocess.Popen(
+        [RAGIDX, *args], env={**child_env(), **(env or {})}, stdin=subprocess.DEVNULL, stdout=child
+    )
+    os.close(child)
+    out = b""
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # EIO once the child has exited and closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    process.wait(timeout=120)
+    os.close(main)
+    assert process.returncode == 0
+    return out.decode()
+
+
+def test_query_words_are_highlighted_on_a_terminal_unless_no_color(built):
+    index, _ = built
+    args = ["query", "forgot password", "--index", str(index), "-k", "1", "--mode", "lexical"]
+    coloured = run_on_terminal(args)
+    assert re.search(r"\x1b\[[0-9;]*m(?:forgot|password)\x1b\[0m", coloured, re.IGNORECASE), coloured
+    plain = run_on_terminal(args, env={"NO_COLOR": "1"})
+    assert "\x1b[" not in plain and "password" in plain.lower()
+
+
+def test_query_filters_min_score_and_jsonl(built):
+    index, _ = built
+    lines = ragidx(
+        "query",
+        "password",
+        "--index",
+        index,
+        "-k",
+        "3",
+        "--jsonl",
+        "--path",
+        "faq/*",
+        "--ext",
+        "html",
+        "--ext",
+        "markdown",
+        "--meta",
+        "category=account",
+    ).stdout.splitlines()
+    hits = [json.loads(line) for line in lines]
+    assert sorted(Path(h["path"]).name for h in hits) == ["delete-account.markdown", "password-reset.html"]
+    assert all(h["metadata"]["category"] == "account" and h["snippet"]["text"] for h in hits)
+    floor = (hits[0]["score"] + hits[1]["score"]) / 2
+    kept = json.loads(ragidx("query", "password", "--index", index, "--json", "--min-score", floor).stdout)
+    assert kept and all(h["score"] >= floor for h in kept) and len(kept) < 5
+    none = ragidx("query", "password", "--index", index, "--meta", "category=none")
+    assert none.stdout == "" and none.stderr.strip() == "no results"
+    for args, message in (
+        (["--meta", "category"], "--meta expects KEY=VALUE"),
+        (["--meta", "bad key=x"], "metadata key"),
+        (["--json", "--jsonl"], "exclude each other"),
+    ):
+        assert_one_line_error(ragidx("query", "password", "--index", index, *args, check=False), message)
 
 
 def test_embed_with_an_index_or_a_model_agree(built, tiny_models):

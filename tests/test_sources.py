@@ -6,7 +6,7 @@ import os
 
 import pytest
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.sources import decode_text, html_to_text, scan
+from ragidx.indexer.sources import decode_text, html_to_text, read_document, scan, split_front_matter
 
 
 def test_sample_corpus_reads_every_file(sample_corpus):
@@ -44,12 +44,44 @@ def test_non_utf8_text_is_decoded():
 
 
 def test_html_keeps_visible_text_in_paragraphs():
-    text, title = html_to_text(
-        "<html><head><title>T</title><script>var x;</script></head><body><nav>menu</nav>"
-        "<h1>Head</h1><p>One <b>bold</b>\n word.</p><ul><li>a</li><li>b</li></ul></body></html>"
+    text, metadata = html_to_text(
+        "<html><head><title>T</title><meta name='Author' content=' Ada '><meta name='viewport' "
+        "content='width=device-width'><meta charset='utf-8'><script>var x;</script></head><body>"
+        "<nav>menu</nav><h1>Head</h1><p>One <b>bold</b>\n word.</p><ul><li>a</li><li>b</li></ul>"
+        "</body></html>"
     )
-    assert title == "T"
+    assert metadata == {"title": "T", "author": "Ada"}
     assert text == "Head\n\nOne bold word.\n\na\n\nb"
+
+
+def test_front_matter_becomes_metadata_and_offsets_still_point_into_the_file(tmp_path):
+    raw = (
+        "---\ntitle: Given title\ntags: [a, b]\ndate: 2026-01-02\ndraft: false\n---\n"
+        "# Heading\n\nBody text.\n"
+    )
+    (tmp_path / "doc.md").write_text(raw)
+    document = read_document(tmp_path / "doc.md")
+    assert document.metadata == {
+        "title": "Given title",
+        "tags": ["a", "b"],
+        "date": "2026-01-02",
+        "draft": False,
+    }
+    assert document.title == "Given title"
+    assert len(document.text) == len(raw) and document.text.index("# Heading") == raw.index("# Heading")
+    assert document.text.strip().startswith("# Heading") and document.text.count("\n") == raw.count("\n")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "---\n\nA horizontal rule above, not front matter.\n",
+        "---\n- a list\n---\nbody\n",
+        "---\nkey: [\n---\nx\n",
+    ],
+)
+def test_text_that_only_looks_like_front_matter_is_kept(text):
+    assert split_front_matter(text) == (text, {})
 
 
 def test_missing_path_is_an_error(tmp_path):

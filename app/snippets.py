@@ -1,0 +1,97 @@
+"""Snippets: the sentence(s) of a chunk that best match the query, with the query's words marked.
+
+Words are compared by their Porter stems, the same stemmer FTS5's ``porter`` tokenizer uses, so
+what is highlighted is what lexical search matched. English stop words only count when the query
+has nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+WORD = re.compile(r"\w+")
+SNIPPET_CHARS = 240
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """Text shown for a hit; ``highlights`` are character spans of query words within ``text``."""
+
+    text: str
+    highlights: list[Span] = field(default_factory=list)
+
+    def render(self, mark: Callable[[str], str]) -> str:
+        """The text with each highlighted span passed through ``mark`` (e.g. ANSI bold)."""
+        parts, last = [], 0
+        for start, end in self.highlights:
+            parts += [self.text[last:start], mark(self.text[start:end])]
+            last = end
+        return "".join(parts) + self.text[last:]
+
+
+@functools.cache
+def _stemmer():
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("porter")
+
+
+@functools.cache
+def _stop_words() -> frozenset[str]:
+    from spacy.lang.en.stop_words import STOP_WORDS
+
+    return frozenset(STOP_WORDS)
+
+
+def stem(word: str) -> str:
+    return _stemmer().stemWord(word.lower())
+
+
+def query_stems(query: str) -> frozenset[str]:
+    """The stems a snippet should match: the query's content words, or all its words if none."""
+    words = [w.lower() for w in WORD.findall(query)]
+    content = [w for w in words if w not in _stop_words()] or words
+    return frozenset(stem(w) for w in content)
+
+
+def make_snippet(text: str, sentences: Sequence[Span], stems: frozenset[str]) -> Snippet:
+    """The best sentence of ``text`` (most distinct query stems, earliest on ties), extended with
+    the sentences after it while they fit in :data:`SNIPPET_CHARS`; whitespace is collapsed."""
+    spans = [(s, e) for s, e in sentences if 0 <= s < e <= len(text)] or [(0, len(text))]
+    scores = [len(stems & _stems_in(text[s:e])) for s, e in spans]
+    best = max(range(len(spans)), key=lambda i: (scores[i], -i))
+    start, end = spans[best]
+    for _, next_end in spans[best + 1 :]:
+        if _flat_length(text[start:next_end]) > SNIPPET_CHARS:
+            break
+        end = next_end
+    flat = " ".join(text[start:end].split())
+    flat = _window(flat, stems)
+    return Snippet(flat, [m.span() for m in WORD.finditer(flat) if stem(m.group()) in stems])
+
+
+def _stems_in(text: str) -> set[str]:
+    return {stem(w) for w in WORD.findall(text)}
+
+
+def _flat_length(text: str) -> int:
+    return len(" ".join(text.split()))
+
+
+def _window(flat: str, stems: frozenset[str]) -> str:
+    """A sentence longer than the budget is cut to a window that starts near its first match."""
+    if len(flat) <= SNIPPET_CHARS:
+        return flat
+    first = next((m.start() for m in WORD.finditer(flat) if stem(m.group()) in stems), 0)
+    begin = max(0, min(first - SNIPPET_CHARS // 4, len(flat) - SNIPPET_CHARS))
+    if begin > 0:
+        begin = flat.find(" ", begin) + 1 or begin
+    cut = flat[begin : begin + SNIPPET_CHARS]
+    if begin + SNIPPET_CHARS < len(flat):
+        cut = cut.rsplit(" ", 1)[0] + "…"
+    return ("…" if begin > 0 else "") + cut

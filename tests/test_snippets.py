@@ -1,0 +1,49 @@
+"""Snippet choice and highlighting, against hand-worked examples."""
+
+from __future__ import annotations
+
+from ragidx.app.snippets import SNIPPET_CHARS, Snippet, make_snippet, query_stems
+
+
+def spans_of(text: str, sentences: list[str]) -> list[tuple[int, int]]:
+    spans, cursor = [], 0
+    for sentence in sentences:
+        start = text.index(sentence, cursor)
+        spans.append((start, start + len(sentence)))
+        cursor = start + len(sentence)
+    return spans
+
+
+def test_query_stems_drop_stop_words_unless_nothing_else_is_left():
+    assert query_stems("How do I reset my passwords?") == {"reset", "password"}
+    assert query_stems("how do I") == {"how", "do", "i"}
+
+
+def test_the_sentence_with_most_query_words_wins_and_its_words_are_marked():
+    sentences = ["The sky is blue.", "Resetting a password sends a link.", "Links expire."]
+    text = "  ".join(sentences)
+    snippet = make_snippet(text, spans_of(text, sentences), query_stems("password reset link"))
+    assert snippet.text == "Resetting a password sends a link. Links expire."  # next sentence fits
+    assert [snippet.text[s:e] for s, e in snippet.highlights] == ["Resetting", "password", "link", "Links"]
+    assert snippet.render(lambda w: f"[{w}]") == "[Resetting] a [password] sends a [link]. [Links] expire."
+
+
+def test_ties_go_to_the_earliest_sentence_and_no_match_shows_the_start():
+    sentences = ["Alpha beta.", "Gamma delta.", "Alpha again."]
+    text = " ".join(sentences)
+    assert make_snippet(text, spans_of(text, sentences), query_stems("alpha")).text.startswith("Alpha beta.")
+    assert make_snippet(text, spans_of(text, sentences), query_stems("zeta")).highlights == []
+
+
+def test_a_long_sentence_is_cut_to_a_window_around_the_first_match():
+    words = [f"w{i}" for i in range(200)]
+    words[100] = "needle"
+    text = " ".join(words) + "."
+    snippet = make_snippet(text, [(0, len(text))], query_stems("needle"))
+    assert snippet.text.startswith("…") and snippet.text.endswith("…")
+    assert len(snippet.text) <= SNIPPET_CHARS + 2
+    assert [snippet.text[s:e] for s, e in snippet.highlights] == ["needle"]
+
+
+def test_render_without_highlights_is_the_plain_text():
+    assert Snippet("plain text").render(str.upper) == "plain text"
