@@ -606,6 +606,33 @@ def bench(
 
 @cli.command()
 @_index_option
+@_device_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run.")
+def serve(
+    index_dir: Path | None, device: str, dtype: str | None, host: str, port: int, trust_remote_code: bool
+) -> None:
+    """Serve the index over HTTP: /search, /embed, /health, /info, and a search page at /."""
+    try:
+        import uvicorn
+        from ragidx.app.server import create_app
+    except ImportError as error:
+        raise RagidxError(
+            f"ragidx serve needs the server extra ({error.name} is missing): pip install 'ragidx[server]'"
+        ) from None
+    from ragidx.app import Index
+
+    index = Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    index.strategy  # noqa: B018 - load the model once, before the first request
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: listening on {host}: anyone who can reach it can read the index", err=True)
+    click.echo(f"serving {index.reader.directory} on http://{host}:{port}/", err=True)
+    uvicorn.run(create_app(index), host=host, port=port, log_level="warning")
+
+
+@cli.command()
+@_index_option
 @click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
 def info(index_dir: Path | None, as_json: bool) -> None:
     """Show an index's model, strategy, parameters, templates and size."""

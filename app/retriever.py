@@ -51,18 +51,31 @@ FilterSpec = Filters | Mapping[str, Any] | None
 class Index:
     """A committed index; the model is loaded on first use, so settings can be read without it."""
 
-    def __init__(self, reader: IndexReader, device: str = "auto", dtype: str | None = None):
+    def __init__(
+        self,
+        reader: IndexReader,
+        device: str = "auto",
+        dtype: str | None = None,
+        trust_remote_code: bool = False,
+    ):
         self.reader = reader
         self.device = device
         self.dtype = dtype or reader.meta.get("dtype", "auto")
+        self.trust_remote_code = trust_remote_code
         self._strategy: Strategy | None = None
         self._vectors: Any = None
 
     @classmethod
     def open(
-        cls, directory: str | Path | None = None, *, device: str = "auto", dtype: str | None = None
+        cls,
+        directory: str | Path | None = None,
+        *,
+        device: str = "auto",
+        dtype: str | None = None,
+        trust_remote_code: bool = False,
     ) -> Index:
-        return cls(IndexReader(directory or default_index_dir()), device, dtype)
+        """Open a built index; ``trust_remote_code`` lets a hub model's own code run (never by default)."""
+        return cls(IndexReader(directory or default_index_dir()), device, dtype, trust_remote_code)
 
     @classmethod
     def build(cls, paths: Sequence[str | Path], index: str | Path | None = None, **options: Any) -> Index:
@@ -75,7 +88,9 @@ class Index:
 
         settings = build_options(index, **options)
         build(list(paths), settings)
-        return cls.open(settings.index_dir, device=settings.device)
+        return cls.open(
+            settings.index_dir, device=settings.device, trust_remote_code=settings.trust_remote_code
+        )
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -98,7 +113,7 @@ class Index:
             from ragidx.indexer.runtime import load_runtime
             from ragidx.indexer.strategies import create_strategy
 
-            runtime = load_runtime(self.meta["model"], self.device, self.dtype)
+            runtime = load_runtime(self.meta["model"], self.device, self.dtype, self.trust_remote_code)
             self._strategy = create_strategy(self.meta["strategy"], runtime, **self.meta["strategy_params"])
         return self._strategy
 

@@ -64,9 +64,10 @@ def _fsync(path: Path) -> None:
 
 
 def _connect(path: Path) -> Database:
+    """A connection any thread may use; callers that share one (the HTTP server) serialise access."""
     from sqlite_utils import Database
 
-    db = Database(path)
+    db = Database(sqlite3.connect(str(path), check_same_thread=False))
     db.execute("PRAGMA busy_timeout = 10000")
     return db
 

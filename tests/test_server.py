@@ -1,0 +1,244 @@
+"""The HTTP API through the ASGI test client, `ragidx serve` itself, and the search page in a browser."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_cli import RAGIDX, child_env
+
+fastapi = pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from fastapi.testclient import TestClient  # noqa: E402
+from ragidx.app import Index  # noqa: E402
+from ragidx.app.server import create_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, tiny_models, sample_corpus):
+    """kv-embedding re-routes attention during each forward: the strategy that needs the lock most."""
+    folder = tmp_path_factory.mktemp("server") / "index"
+    options = {"model": str(tiny_models["qwen2"]), "device": "cpu", "progress": False}
+    with Index.build([sample_corpus], folder, strategy="kv-embedding", layers="2-3", **options) as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def app(index):
+    return create_app(index)
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    return TestClient(app)
+
+
+def search_result(index: Index, query: str, **kwargs) -> list[tuple[int, float]]:
+    return [(h.chunk_id, round(h.score, 6)) for h in index.search(query, **kwargs)]
+
+
+def response_result(response) -> list[tuple[int, float]]:
+    assert response.status_code == 200, response.text
+    return [(h["chunk_id"], round(h["score"], 6)) for h in response.json()["hits"]]
+
+
+def test_health_and_info(client, index):
+    assert client.get("/health").json() == {"status": "ok", "generation": index.meta["generation"]}
+    info = client.get("/info").json()
+    assert info["strategy"] == "kv-embedding" and info["chunks"] == index.reader.counts()["chunks"]
+
+
+def test_search_and_embed_answer_as_the_python_api(client, index):
+    body = {
+        "query": "password reset link",
+        "k": 4,
+        "mode": "hybrid",
+        "filters": {"ext": ["html", "markdown"]},
+    }
+    got = client.post("/search", json=body)
+    assert response_result(got) == search_result(
+        index, "password reset link", k=4, filters={"ext": ["html", "markdown"]}
+    )
+    hit = got.json()["hits"][0]
+    assert set(hit) >= {"score", "path", "text", "span", "metadata", "chunk_id", "snippet"}
+    vectors = client.post("/embed", json={"texts": ["one", "two words"], "role": "document"}).json()
+    assert vectors["dimension"] == 64
+    np.testing.assert_allclose(vectors["vectors"], index.embed(["one", "two words"], "document"), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/search", {"query": "x", "k": 0}, "k: Input should be greater than or equal to 1"),
+        ("/search", {"query": "x", "k": 5000}, "k: Input should be less than or equal to 1000"),
+        ("/search", {"query": "x", "mode": "sparse"}, "mode: Input should be"),
+        ("/search", {"k": 3}, "query: Field required"),
+        ("/search", {"query": ""}, "query: String should have at least 1 character"),
+        ("/search", {"query": "   "}, "the query is empty"),
+        ("/search", {"query": "x", "top": 3}, "top: Extra inputs are not permitted"),
+        ("/search", {"query": "x", "filters": {"colour": "red"}}, "filters.colour: Extra inputs"),
+        ("/search", {"query": "x", "filters": {"meta": {"bad key": "v"}}}, "metadata key"),
+        ("/search", {"query": "x", "filters": {"path": "../../etc/passwd"}}, None),
+        ("/embed", {"texts": []}, "texts: List should have at least 1 item"),
+        ("/embed", {"texts": [1, 2]}, "texts.0: Input should be a valid string"),
+        ("/embed", {"texts": ["x"], "role": "doc"}, "role: Input should be 'query' or 'document'"),
+    ],
+)
+def test_invalid_requests_get_422_with_a_message(client, path, body, message):
+    response = client.post(path, json=body)
+    if message is None:  # a path filter only narrows the search: no file is opened, nothing matches
+        assert response.status_code == 200 and response.json()["hits"] == []
+        return
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith(message) or message in response.json()["detail"]
+
+
+def test_a_body_that_is_not_json_is_422(client):
+    response = client.post("/search", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert response.status_code == 422 and response.json()["detail"]
+
+
+def test_concurrent_requests_get_the_answers_of_sequential_ones(app, index):
+    queries = [
+        "ships and rocks",
+        "compost heap",
+        "espresso grind",
+        "tides and the moon",
+        "git rebase",
+        "refund",
+    ]
+    expected = {q: search_result(index, q, k=3) for q in queries}
+    expected_vectors = index.embed(queries, "query")
+
+    async def fire() -> list:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            searches = [http.post("/search", json={"query": q, "k": 3}) for q in queries * 4]
+            embeds = [http.post("/embed", json={"texts": [q]}) for q in queries * 2]
+            return await asyncio.gather(*searches, *embeds)
+
+    responses = asyncio.run(fire())
+    searches, embeds = responses[: len(queries) * 4], responses[len(queries) * 4 :]
+    for query, response in zip(queries * 4, searches, strict=True):
+        assert response_result(response) == expected[query]
+    for row, response in zip(list(range(len(queries))) * 2, embeds, strict=True):
+        np.testing.assert_allclose(response.json()["vectors"][0], expected_vectors[row], atol=1e-5)
+
+
+def test_the_search_page_is_served_without_a_build_step(client):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '<form id="search-form">' in page.text and 'fetch("/search"' in page.text
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(url: str, timeout: float = 120.0) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return httpx.get(url, timeout=5)
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_ragidx_serve_binds_loopback_by_default(index):
+    port = free_port()
+    process = subprocess.Popen(
+        [RAGIDX, "serve", "--index", str(index.reader.directory), "--port", str(port), "--device", "cpu"],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_for(f"http://127.0.0.1:{port}/health").json()["status"] == "ok"
+        hits = httpx.post(f"http://127.0.0.1:{port}/search", json={"query": "compost", "k": 2}).json()["hits"]
+        assert [h["chunk_id"] for h in hits] == [h.chunk_id for h in index.search("compost", k=2)]
+        listening = [c for c in psutil_connections(process.pid) if c.status == "LISTEN"]
+        assert [c.laddr.ip for c in listening] == ["127.0.0.1"]
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=30)
+    assert f"on http://127.0.0.1:{port}/" in err and "warning" not in err
+
+
+def psutil_connections(pid: int) -> list:
+    import psutil
+
+    return psutil.Process(pid).net_connections(kind="inet")
+
+
+@pytest.fixture
+def live_server(app):
+    """The app on a real socket, in a thread of this process."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.config.port}"
+    wait_for(url + "/health")
+    yield url
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def chromium() -> tuple[str, str] | None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+@pytest.mark.skipif(chromium() is None, reason="no chromium/chromedriver could be installed here")
+def test_a_search_from_the_page_shows_results_in_a_headless_browser(live_server, index):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    browser, driver_path = chromium()
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    try:
+        driver.get(live_server + "/")
+        driver.find_element(By.ID, "query").send_keys("forgot password")
+        Select(driver.find_element(By.ID, "mode")).select_by_value("lexical")
+        k = driver.find_element(By.ID, "k")
+        k.clear()
+        k.send_keys("3")
+        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "li.hit"))
+        shown = [
+            item.find_element(By.CSS_SELECTOR, ".path").text.rsplit(":", 1)[0]
+            for item in driver.find_elements(By.CSS_SELECTOR, "li.hit")
+        ]
+        assert shown == [h.path for h in index.search("forgot password", k=3, mode="lexical")]
+        marks = [m.text.lower() for m in driver.find_elements(By.CSS_SELECTOR, "li.hit mark")]
+        assert marks and set(marks) <= {"forgot", "password", "passwords", "forgotten"}
+        assert "results in" in driver.find_element(By.ID, "status").text
+    finally:
+        driver.quit()
+
+
+def test_serve_without_an_index_is_a_one_line_error(tmp_path):
+    result = subprocess.run(
+        [RAGIDX, "serve", "--index", str(tmp_path / "none")], env=child_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 1 and result.stderr.strip().startswith("error: no index at")
+    assert Path(tmp_path / "none").exists() is False
