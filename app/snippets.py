@@ -48,8 +48,22 @@ def _stop_words() -> frozenset[str]:
     return frozenset(STOP_WORDS)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def stem(word: str) -> str:
     return _stemmer().stemWord(word.lower())
+
+
+class _StemMatcher:
+    """Whether a word stems to one of the query's stems; Porter only rewrites suffixes, so a word
+    whose first letter starts no stem is rejected without stemming it (stemming is the cost)."""
+
+    def __init__(self, stems: frozenset[str]):
+        self.stems = stems
+        self.initials = {s[:1] for s in stems}
+
+    def __call__(self, word: str) -> bool:
+        lowered = word.lower()
+        return lowered[:1] in self.initials and stem(lowered) in self.stems
 
 
 def query_stems(query: str) -> frozenset[str]:
@@ -62,32 +76,28 @@ def query_stems(query: str) -> frozenset[str]:
 def make_snippet(text: str, sentences: Sequence[Span], stems: frozenset[str]) -> Snippet:
     """The best sentence of ``text`` (most distinct query stems, earliest on ties), extended with
     the sentences after it while they fit in :data:`SNIPPET_CHARS`; whitespace is collapsed."""
+    matches = _StemMatcher(stems)
     spans = [(s, e) for s, e in sentences if 0 <= s < e <= len(text)] or [(0, len(text))]
-    scores = [len(stems & _stems_in(text[s:e])) for s, e in spans]
+    scores = [len({stem(w) for w in WORD.findall(text[s:e]) if matches(w)}) for s, e in spans]
     best = max(range(len(spans)), key=lambda i: (scores[i], -i))
     start, end = spans[best]
     for _, next_end in spans[best + 1 :]:
         if _flat_length(text[start:next_end]) > SNIPPET_CHARS:
             break
         end = next_end
-    flat = " ".join(text[start:end].split())
-    flat = _window(flat, stems)
-    return Snippet(flat, [m.span() for m in WORD.finditer(flat) if stem(m.group()) in stems])
-
-
-def _stems_in(text: str) -> set[str]:
-    return {stem(w) for w in WORD.findall(text)}
+    flat = _window(" ".join(text[start:end].split()), matches)
+    return Snippet(flat, [m.span() for m in WORD.finditer(flat) if matches(m.group())])
 
 
 def _flat_length(text: str) -> int:
     return len(" ".join(text.split()))
 
 
-def _window(flat: str, stems: frozenset[str]) -> str:
+def _window(flat: str, matches: Callable[[str], bool]) -> str:
     """A sentence longer than the budget is cut to a window that starts near its first match."""
     if len(flat) <= SNIPPET_CHARS:
         return flat
-    first = next((m.start() for m in WORD.finditer(flat) if stem(m.group()) in stems), 0)
+    first = next((m.start() for m in WORD.finditer(flat) if matches(m.group())), 0)
     begin = max(0, min(first - SNIPPET_CHARS // 4, len(flat) - SNIPPET_CHARS))
     if begin > 0:
         begin = flat.find(" ", begin) + 1 or begin
