@@ -117,11 +117,15 @@ def cli(debug: bool) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--model",
-    default=default_model,
-    show_default="$RAGIDX_MODEL or Qwen/Qwen2.5-0.5B-Instruct",
-    help="Hugging Face hub id or local model folder.",
+    default=None,
+    help="Hugging Face hub id or local model folder (default: the index's, else $RAGIDX_MODEL or "
+    "Qwen/Qwen2.5-0.5B-Instruct).",
 )
-@click.option("--strategy", default=None, help="Embedding strategy (see `ragidx strategies`).")
+@click.option(
+    "--strategy",
+    default=None,
+    help="Embedding strategy (see `ragidx strategies`); auto: htp for long documents, else aligned-wva.",
+)
 @_index_option
 @_device_options
 @click.option(
@@ -149,9 +153,8 @@ def cli(debug: bool) -> None:
 @click.option(
     "--overlap-sentences",
     type=click.IntRange(min=0),
-    default=1,
-    show_default=True,
-    help="Sentences repeated from the previous chunk.",
+    default=None,
+    help="Sentences repeated from the previous chunk (default 1).",
 )
 @click.option(
     "--spacy-model", default=None, help="Installed spaCy pipeline for sentences (default: rule-based)."
@@ -161,11 +164,17 @@ def cli(debug: bool) -> None:
 )
 @click.option("--query-template", default=None, help="Override the strategy's query template ({text} slot).")
 @_strategy_options
-@click.option("--rebuild", is_flag=True, help="Replace an index built with other settings.")
+@click.option(
+    "--rebuild", is_flag=True, help="Re-embed everything (needed to change model, strategy or settings)."
+)
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **options: Any) -> None:
-    """Index the documents under PATHS (replacing the index's previous contents)."""
+    """Index the documents under PATHS, or bring the index up to date with them.
+
+    New and changed files (by content hash) are embedded, files gone from PATHS are removed, the
+    rest is kept; settings not given are the index's own.
+    """
     from ragidx.indexer.pipeline import build as run_build
     from ragidx.indexer.pipeline import build_options
 
@@ -174,8 +183,9 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     if as_json:
         _print_json(report.to_dict())
         return
+    click.echo(report.changes.summary())
     click.echo(
-        f"indexed {report.documents} documents as {report.chunks} chunks ({report.tokens} tokens) "
+        f"embedded {report.documents} documents as {report.chunks} chunks ({report.tokens} tokens) "
         f"in {report.seconds:.1f} s, {report.vectors_per_second:.1f} vectors/s"
     )
     click.echo(f"model {report.model}, strategy {report.strategy} ({report.strategy_reason})")
@@ -187,7 +197,10 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         click.echo(f"skipped {len(report.skipped)} files:")
         for skipped in report.skipped:
             click.echo(f"  {skipped.path}: {skipped.reason}")
-    click.echo(f"index {report.index_dir} (generation {report.generation})")
+    click.echo(
+        f"index {report.index_dir} (generation {report.generation}): "
+        f"{report.total_documents} documents, {report.total_chunks} chunks"
+    )
 
 
 @cli.command()
@@ -602,6 +615,44 @@ def bench(
             f"{row.peak_rss_mib:>10.0f}{row.query_p50_ms:>11.1f}{row.query_p95_ms:>8.1f}"
             f"{row.fraction_of_layers:>8.2f}{row.flops_per_second / 1e9:>9.1f}{row.fraction_of_peak:>9.1%}"
         )
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True)
+@_index_option
+def rm(paths: tuple[str, ...], index_dir: Path | None) -> None:
+    """Remove the indexed documents at or under PATHS (files may already be gone from disk)."""
+    from ragidx.indexer.maintenance import remove
+    from ragidx.indexer.store import default_index_dir
+
+    report = remove(paths, index_dir or default_index_dir())
+    for path in report.removed:
+        click.echo(f"removed {_display_path(path)}")
+    click.echo(
+        f"{len(report.removed)} documents removed; generation {report.generation}: "
+        f"{report.documents} documents, {report.chunks} chunks"
+    )
+
+
+@cli.command()
+@_index_option
+@click.option("--repair", is_flag=True, help="Fix what can be fixed, in a new generation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def check(index_dir: Path | None, repair: bool, as_json: bool) -> None:
+    """Verify that vectors, chunks, lexical rows and generation files agree; exit 1 if not."""
+    from ragidx.indexer.maintenance import check as run_check
+    from ragidx.indexer.store import default_index_dir
+
+    report = run_check(index_dir or default_index_dir(), repair)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        for problem in report.problems:
+            state = "repaired" if problem.repaired else "found"
+            click.echo(f"{state}: {problem.kind}: {problem.detail}")
+        click.echo(f"generation {report.generation}: {'ok' if report.healthy else 'problems remain'}")
+    if not report.healthy:
+        sys.exit(1)
 
 
 @cli.command()

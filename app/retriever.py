@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 MODES = ("hybrid", "dense", "lexical")
 MODEL_SETTINGS = ("model", "strategy", "strategy_params")
+SNAPSHOT_ATTEMPTS = 5
 RRF_K = 60
 MIN_CANDIDATES = 100  # per list before fusion: enough that fusion can promote a chunk from far down
 
@@ -171,8 +172,20 @@ class Index:
         if any(not query.strip() for query in queries):
             raise RagidxError("the query is empty")
         chosen = filters if isinstance(filters, Filters) else Filters.from_mapping(filters)
-        self.refresh()
-        allowed = self.reader.filtered_chunk_ids(chosen) if chosen else None
+        for _ in range(SNAPSHOT_ATTEMPTS):
+            with self.reader.snapshot():
+                self.refresh()
+                if mode != "lexical" and self._vectors is None:
+                    self._vectors = self.reader.load_vectors()
+                    if self._vectors is None:
+                        continue  # this generation's file is already gone: a newer snapshot has its own
+                return self._search_snapshot(queries, k, mode, chosen, min_score)
+        raise RagidxError("the index changed during every attempt to read it; try again")
+
+    def _search_snapshot(
+        self, queries: Sequence[str], k: int, mode: str, filters: Filters, min_score: float | None
+    ) -> list[list[Hit]]:
+        allowed = self.reader.filtered_chunk_ids(filters) if filters else None
         if allowed is not None and not len(allowed):
             return [[] for _ in queries]
         candidates = k if mode != "hybrid" else max(MIN_CANDIDATES, 2 * k)
@@ -181,7 +194,7 @@ class Index:
         for index, query in enumerate(queries):
             ranked = {
                 "dense": dense[index] if dense is not None else [],
-                "lexical": self.reader.lexical_search(query, candidates, chosen) if mode != "dense" else [],
+                "lexical": self.reader.lexical_search(query, candidates, filters) if mode != "dense" else [],
             }
             scored = reciprocal_rank_fusion(ranked.values()) if mode == "hybrid" else ranked[mode]
             if min_score is not None:
@@ -196,8 +209,6 @@ class Index:
         search itself skips filtered-out chunks instead of returning fewer than ``limit``."""
         import faiss
 
-        if self._vectors is None:
-            self._vectors = self.reader.load_vectors()
         vectors = self.embed(list(queries), "query")
         pool = self._vectors.ntotal if allowed is None else len(allowed)
         params = None if allowed is None else faiss.SearchParameters(sel=faiss.IDSelectorBatch(allowed))

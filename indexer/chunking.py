@@ -15,6 +15,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.sources import PARAGRAPH_BREAK
 
 Span = tuple[int, int]
+RULE_BASED_SENTENCES = "blank:en+sentencizer"  # the spacy_model setting of the default splitter
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Chunker:
         return {
             "chunk_tokens": self.chunk_tokens,
             "overlap_sentences": self.overlap_sentences,
-            "spacy_model": self.spacy_model or "blank:en+sentencizer",
+            "spacy_model": self.spacy_model or RULE_BASED_SENTENCES,
         }
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
@@ -151,7 +152,7 @@ class Chunker:
 def _load_spacy(name: str | None) -> Any:
     import spacy
 
-    if name is None:
+    if name in (None, RULE_BASED_SENTENCES):
         nlp = spacy.blank("en")
         nlp.add_pipe("sentencizer")
     else:

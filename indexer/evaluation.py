@@ -196,8 +196,10 @@ def evaluate_retrieval(
     """
     from ragidx.app import Index
     from ragidx.indexer.pipeline import build
+    from ragidx.indexer.runtime import default_model
 
-    report = RetrievalReport(dataset.name, split, len(dataset.corpus), len(dataset.queries), options.model)
+    model = options.model or default_model()
+    report = RetrievalReport(dataset.name, split, len(dataset.corpus), len(dataset.queries), model)
     with tempfile.TemporaryDirectory(prefix="ragidx-eval-") as scratch:
         documents = Path(scratch) / "documents"
         for strategy in strategies:

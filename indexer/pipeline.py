@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from ragidx import __version__
+from ragidx.indexer.changes import ChangePlan, plan_changes
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.runtime import default_model, load_runtime
 from ragidx.indexer.sources import SkippedFile, SourceDocument, scan
@@ -42,9 +43,10 @@ STRATEGY_OPTIONS = (
 
 @dataclass
 class BuildOptions:
-    """Everything ``ragidx build`` can be told; ``None`` means the model's or strategy's default."""
+    """Everything ``ragidx build`` can be told; ``None`` means the existing index's setting, else
+    the model's or strategy's default."""
 
-    model: str = field(default_factory=default_model)
+    model: str | None = None
     strategy: str | None = None
     index_dir: Path = field(default_factory=default_index_dir)
     device: str = "auto"
@@ -53,7 +55,7 @@ class BuildOptions:
     max_batch_tokens: int = 16384
     max_length: int | None = None
     chunk_tokens: int | None = None
-    overlap_sentences: int = 1
+    overlap_sentences: int | None = None
     spacy_model: str | None = None
     document_template: str | None = None
     query_template: str | None = None
@@ -96,6 +98,9 @@ class BuildReport:
     skipped: list[SkippedFile]
     seconds: float
     embed_seconds: float
+    changes: ChangePlan
+    total_documents: int
+    total_chunks: int
 
     @property
     def vectors_per_second(self) -> float:
@@ -111,6 +116,12 @@ class BuildReport:
             "strategy_notes": self.strategy_notes,
             "documents": self.documents,
             "chunks": self.chunks,
+            "new": len(self.changes.new),
+            "updated": len(self.changes.updated),
+            "unchanged": self.changes.unchanged,
+            "removed": self.changes.removed,
+            "total_documents": self.total_documents,
+            "total_chunks": self.total_chunks,
             "tokens": self.tokens,
             "truncated_chunks": self.truncated_chunks,
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
@@ -125,10 +136,12 @@ def describe_skips(skipped: Sequence[SkippedFile]) -> str:
 
 
 def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
-    """Index exactly the documents under ``paths`` (the index's previous contents are replaced)."""
-    from ragidx.indexer.chunking import Chunker
-    from ragidx.indexer.strategies import BatchSettings, create_strategy, default_strategy_name
+    """Bring the index up to date with the documents under ``paths``.
 
+    New and changed documents (by SHA-256) are embedded; documents under ``paths`` that are gone
+    are removed; documents elsewhere in the index are kept. ``options.rebuild`` re-embeds
+    everything and makes the index exactly ``paths``. Settings not given are the index's own.
+    """
     started = time.perf_counter()
     if not paths:
         raise RagidxError("nothing to index: give at least one file or folder")
@@ -139,29 +152,20 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         )
         raise RagidxError(f"no readable documents in {', '.join(map(str, paths))}{detail}")
     with IndexWriter(options.index_dir) as writer:
-        runtime = load_runtime(options.model, options.device, options.dtype, options.trust_remote_code)
-        name = options.strategy or default_strategy_name(runtime)
-        reason = (
-            "given with --strategy"
-            if options.strategy
-            else f"default for {'decoder' if runtime.arch.is_decoder else 'encoder'} models"
+        stored = writer.meta if writer.meta.get("generation") and not options.rebuild else {}
+        plan = plan_changes(scanned, writer.documents() if stored else {}, paths)
+        if stored and not plan.to_embed and not _changes_settings(options, stored):
+            generation = writer.commit([], _no_vectors(stored), stored, plan.stale) if plan.stale else None
+            return _report(options, writer, plan, scanned.skipped, started, stored, generation)
+        runtime = load_runtime(
+            options.model or stored.get("model") or default_model(),
+            options.device,
+            options.dtype,
+            options.trust_remote_code,
         )
-        strategy = create_strategy(
-            name,
-            runtime,
-            document_template=options.document_template,
-            query_template=options.query_template,
-            max_length=options.max_length,
-            batch=BatchSettings(max_rows=options.batch_size, max_tokens=options.max_batch_tokens),
-            **options.strategy_options,
-        )
-        notes = strategy.notes
-        chunker = Chunker(
-            runtime.tokenizer,
-            options.chunk_tokens or strategy.default_chunk_tokens,
-            options.overlap_sentences,
-            options.spacy_model,
-        )
+        name, reason = _choose_strategy(options, stored, runtime, scanned.documents)
+        strategy = _create_strategy(name, runtime, options, stored)
+        chunker = _create_chunker(runtime, strategy, options, stored)
         settings = {
             "model": runtime.model_id,
             "model_revision": runtime.revision,
@@ -170,40 +174,148 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             "strategy_params": strategy.params,
             "chunker": chunker.settings,
         }
-        _refuse_incompatible(writer.meta, settings, options.rebuild)
-        records = _chunk_documents(scanned.documents, chunker, options.progress)
+        _refuse_incompatible(stored, settings)
+        records = _chunk_documents(plan.to_embed, chunker, options.progress)
         embed_started = time.perf_counter()
         vectors = _embed(records, strategy, options.progress)
         embed_seconds = time.perf_counter() - embed_started
         meta = {
             **settings,
             "strategy_reason": reason,
-            "strategy_notes": notes,
+            "strategy_notes": strategy.notes,
             "dimension": strategy.dimension,
             "dtype": str(runtime.dtype).removeprefix("torch."),
             "ragidx_version": __version__,
         }
-        generation = writer.replace_all(records, vectors, meta)
-    return BuildReport(
-        index_dir=str(options.index_dir),
-        generation=generation,
-        model=runtime.model_id,
-        strategy=name,
-        strategy_reason=reason,
-        strategy_notes=notes,
-        documents=len(records),
-        chunks=len(vectors),
-        tokens=sum(c.token_count for r in records for c in r.chunks),
-        truncated_chunks=strategy.truncated,
-        skipped=scanned.skipped,
-        seconds=time.perf_counter() - started,
-        embed_seconds=embed_seconds,
+        generation = writer.commit(records, vectors, meta, plan.stale, replace=not stored)
+        return _report(
+            options,
+            writer,
+            plan,
+            scanned.skipped,
+            started,
+            meta,
+            generation,
+            records=records,
+            embed_seconds=embed_seconds,
+            truncated=strategy.truncated,
+        )
+
+
+def _changes_settings(options: BuildOptions, stored: dict[str, Any]) -> bool:
+    """Whether the options name anything that needs the model to compare with the index's settings."""
+    from ragidx.indexer.runtime import canonical_model_id
+
+    if options.model and canonical_model_id(options.model) != stored.get("model"):
+        return True
+    if options.strategy and options.strategy not in (stored.get("strategy"), "auto"):
+        return True
+    if options.strategy == "auto" and not str(stored.get("strategy_reason", "")).startswith("auto"):
+        return True
+    given_chunker = {
+        "chunk_tokens": options.chunk_tokens,
+        "overlap_sentences": options.overlap_sentences,
+        "spacy_model": options.spacy_model,
+    }
+    if any(v is not None and stored.get("chunker", {}).get(k) != v for k, v in given_chunker.items()):
+        return True
+    return bool(
+        options.strategy_options or options.document_template or options.query_template or options.max_length
     )
 
 
-def _refuse_incompatible(existing: dict[str, Any], settings: dict[str, Any], rebuild: bool) -> None:
-    """Replacing an index built with other settings needs ``--rebuild``: its vectors would not mix."""
-    if rebuild or not existing.get("generation"):
+def _choose_strategy(
+    options: BuildOptions, stored: dict[str, Any], runtime: Any, documents: Sequence[SourceDocument]
+) -> tuple[str, str]:
+    """The strategy's name and the reason it was chosen (stored in the index and printed)."""
+    from ragidx.indexer.auto_strategy import choose_strategy
+    from ragidx.indexer.strategies import default_strategy_name
+
+    if options.strategy == "auto":
+        if str(stored.get("strategy_reason", "")).startswith("auto"):
+            return stored["strategy"], stored["strategy_reason"]
+        counts = [len(ids) for ids in runtime.tokenizer([d.text for d in documents])["input_ids"]]
+        return choose_strategy(counts)
+    if options.strategy:
+        return options.strategy, "given with --strategy"
+    if stored:
+        return stored["strategy"], stored.get("strategy_reason", "the index's strategy")
+    kind = "decoder" if runtime.arch.is_decoder else "encoder"
+    return default_strategy_name(runtime), f"default for {kind} models"
+
+
+def _create_strategy(name: str, runtime: Any, options: BuildOptions, stored: dict[str, Any]) -> Any:
+    """The strategy with the index's stored parameters (same strategy), overridden by those given."""
+    from ragidx.indexer.strategies import BatchSettings, create_strategy
+
+    params = dict(stored.get("strategy_params", {})) if stored.get("strategy") == name else {}
+    given = {
+        "document_template": options.document_template,
+        "query_template": options.query_template,
+        "max_length": options.max_length,
+        **options.strategy_options,
+    }
+    params.update({key: value for key, value in given.items() if value is not None})
+    batch = BatchSettings(max_rows=options.batch_size, max_tokens=options.max_batch_tokens)
+    return create_strategy(name, runtime, batch=batch, **params)
+
+
+def _create_chunker(runtime: Any, strategy: Any, options: BuildOptions, stored: dict[str, Any]) -> Any:
+    from ragidx.indexer.chunking import Chunker
+
+    previous = stored.get("chunker", {}) if stored.get("strategy") == strategy.name else {}
+    return Chunker(
+        runtime.tokenizer,
+        options.chunk_tokens or previous.get("chunk_tokens") or strategy.default_chunk_tokens,
+        _first_given(options.overlap_sentences, previous.get("overlap_sentences"), 1),
+        options.spacy_model or previous.get("spacy_model"),
+    )
+
+
+def _first_given(*values: Any) -> Any:
+    return next(v for v in values if v is not None)
+
+
+def _no_vectors(meta: dict[str, Any]) -> np.ndarray:
+    return np.zeros((0, int(meta["dimension"])), dtype=np.float32)
+
+
+def _report(
+    options: BuildOptions,
+    writer: IndexWriter,
+    plan: ChangePlan,
+    skipped: list[SkippedFile],
+    started: float,
+    meta: dict[str, Any],
+    generation: int | None,
+    records: Sequence[DocumentRecord] = (),
+    embed_seconds: float = 0.0,
+    truncated: int = 0,
+) -> BuildReport:
+    totals = writer.counts()
+    return BuildReport(
+        index_dir=str(options.index_dir),
+        generation=generation or int(writer.meta["generation"]),
+        model=meta["model"],
+        strategy=meta["strategy"],
+        strategy_reason=meta.get("strategy_reason", ""),
+        strategy_notes=meta.get("strategy_notes", {}),
+        documents=len(records),
+        chunks=sum(len(r.chunks) for r in records),
+        tokens=sum(c.token_count for r in records for c in r.chunks),
+        truncated_chunks=truncated,
+        skipped=skipped,
+        seconds=time.perf_counter() - started,
+        embed_seconds=embed_seconds,
+        changes=plan,
+        total_documents=totals["documents"],
+        total_chunks=totals["chunks"],
+    )
+
+
+def _refuse_incompatible(existing: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Adding to an index built with other settings needs ``--rebuild``: its vectors would not mix."""
+    if not existing:
         return
     differing = [
         key
@@ -216,7 +328,7 @@ def _refuse_incompatible(existing: dict[str, Any], settings: dict[str, Any], reb
         )
         raise RagidxError(
             f"the index was built with other settings ({shown or ', '.join(differing)}); "
-            "pass --rebuild to replace it"
+            "pass --rebuild to re-embed everything with the new ones"
         )
 
 

@@ -15,13 +15,14 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.faults import checkpoint
 
 if TYPE_CHECKING:
     import faiss
@@ -112,6 +113,10 @@ def _create_schema(db: Database) -> None:
         db["chunks"].enable_fts(["text"], create_triggers=True, tokenize="porter")
 
 
+def _counts(db: Database) -> dict[str, int]:
+    return {"documents": db["documents"].count, "chunks": db["chunks"].count}
+
+
 def read_meta(db: Database) -> dict[str, Any]:
     if not db["meta"].exists():
         return {}
@@ -141,22 +146,28 @@ class IndexReader:
                 f"{SCHEMA_VERSION}: rebuild it"
             )
 
-    def load_vectors(self) -> faiss.Index:
-        """The current generation's FAISS index; re-reads the generation if a build just replaced it."""
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """One read transaction: every read inside sees the same committed generation (WAL), even
+        while a build commits the next one."""
+        self.db.execute("begin")
+        try:
+            yield
+        finally:
+            self.db.execute("rollback")
+
+    def load_vectors(self) -> faiss.Index | None:
+        """The FAISS index of ``meta["generation"]``, or None when a newer build already replaced
+        (and deleted) that file: take a new :meth:`snapshot` and read the new generation."""
         import faiss
 
-        for _ in range(5):
-            path = vectors_file(self.directory, self.meta["generation"])
-            try:
-                return faiss.read_index(str(path))
-            except RuntimeError as error:
-                if path.exists():
-                    raise RagidxError(f"vector file {path} is unreadable: {error}".splitlines()[0]) from error
-            time.sleep(0.05)
-            self.meta = read_meta(self.db)
-        raise RagidxError(
-            f"vector file for generation {self.meta['generation']} is missing in {self.directory}"
-        )
+        path = vectors_file(self.directory, self.meta["generation"])
+        try:
+            return faiss.read_index(str(path))
+        except RuntimeError as error:
+            if path.exists():
+                raise RagidxError(f"vector file {path} is unreadable: {error}".splitlines()[0]) from error
+        return None
 
     def chunk_rows(self, chunk_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """Chunks joined with their documents, keyed by chunk id (ids that no longer exist are absent)."""
@@ -218,7 +229,7 @@ class IndexReader:
         return [(int(rowid), -float(rank)) for rowid, rank in rows]
 
     def counts(self) -> dict[str, int]:
-        return {"documents": self.db["documents"].count, "chunks": self.db["chunks"].count}
+        return _counts(self.db)
 
     def close(self) -> None:
         self.db.close()
@@ -259,13 +270,38 @@ class IndexWriter:
             self.db.close()
         self._lock_file.close()
 
+    def counts(self) -> dict[str, int]:
+        return _counts(self.db)
+
+    def documents(self) -> dict[str, tuple[int, str]]:
+        """Every indexed document's path with its id and content hash."""
+        rows = self.db.execute("select path, id, content_hash from documents").fetchall()
+        return {path: (doc_id, content_hash) for path, doc_id, content_hash in rows}
+
     def replace_all(
         self, records: Sequence[DocumentRecord], vectors: np.ndarray, meta: dict[str, Any]
     ) -> int:
-        """Make ``records`` and ``vectors`` (one row per chunk, in record order) the whole index.
+        """Make ``records`` and ``vectors`` (one row per chunk, in record order) the whole index."""
+        return self.commit(records, vectors, meta, replace=True)
 
-        Returns the new generation. Chunk ids are never reused, so a reader holding the previous
-        generation's vectors can never be joined to a different chunk's text.
+    def commit(
+        self,
+        records: Sequence[DocumentRecord],
+        vectors: np.ndarray,
+        meta: dict[str, Any],
+        removed: Sequence[int] = (),
+        replace: bool = False,
+        drop_vectors: np.ndarray | None = None,
+        fresh_vectors: bool = False,
+    ) -> int:
+        """Add ``records`` (``vectors`` one row per chunk, in record order) and drop the documents
+        ``removed`` (ids), or everything when ``replace``; returns the new generation.
+
+        For repairs: ``drop_vectors`` are ids to remove from the vectors alone, and
+        ``fresh_vectors`` starts from no vectors instead of the current (unreadable) file.
+
+        Chunk ids are never reused, so a reader holding the previous generation's vectors can
+        never be joined to a different chunk's text.
         """
         n_chunks = sum(len(r.chunks) for r in records)
         if vectors.shape[0] != n_chunks:
@@ -273,12 +309,20 @@ class IndexWriter:
         generation = int(self.meta.get("generation", 0)) + 1
         first_id = int(self.meta.get("next_chunk_id", 1))
         ids = np.arange(first_id, first_id + n_chunks, dtype=np.int64)
-        self._write_vectors(generation, vectors, ids)
+        removed_chunks = self._chunk_ids_of(removed)
+        if drop_vectors is not None:
+            removed_chunks = np.concatenate([removed_chunks, drop_vectors])
+        self._write_vectors(generation, vectors, ids, removed_chunks, replace or fresh_vectors)
         now = time.time()
         stamp = datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="seconds")
         with self.db.atomic():
-            self.db.execute("delete from chunks")
-            self.db.execute("delete from documents")
+            if replace:
+                self.db.execute("delete from chunks")
+                self.db.execute("delete from documents")
+            for batch in in_batches(list(removed)):
+                marks = ",".join("?" for _ in batch)
+                self.db.execute(f"delete from chunks where document_id in ({marks})", batch)
+                self.db.execute(f"delete from documents where id in ({marks})", batch)
             chunk_ids = iter(ids.tolist())
             for record in records:
                 document_id = self.db["documents"].insert(_document_row(record, now)).last_pk
@@ -296,22 +340,54 @@ class IndexWriter:
             self.db["meta"].upsert_all(
                 ({"key": k, "value": json.dumps(v)} for k, v in new_meta.items()), pk="key"
             )
+            checkpoint("sqlite-commit")
         self.meta = new_meta
         self._remove_stale_vector_files(generation)
         return generation
 
-    def _write_vectors(self, generation: int, vectors: np.ndarray, ids: np.ndarray) -> None:
+    def _chunk_ids_of(self, document_ids: Sequence[int]) -> np.ndarray:
+        found: list[int] = []
+        for batch in in_batches(list(document_ids)):
+            marks = ",".join("?" for _ in batch)
+            rows = self.db.execute(f"select id from chunks where document_id in ({marks})", batch).fetchall()
+            found.extend(row[0] for row in rows)
+        return np.array(found, dtype=np.int64)
+
+    def _write_vectors(
+        self, generation: int, vectors: np.ndarray, ids: np.ndarray, removed: np.ndarray, replace: bool
+    ) -> None:
+        """The previous generation's vectors minus ``removed`` plus the new ones, as a new file."""
         import faiss
 
-        index = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+        index = None if replace else self.current_vectors()
+        if index is None:
+            index = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+        elif len(removed):
+            index.remove_ids(faiss.IDSelectorBatch(removed))
         if len(ids):
             index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids)
         final = vectors_file(self.directory, generation)
         partial = final.with_suffix(".faiss.partial")
         faiss.write_index(index, str(partial))
+        checkpoint("faiss-write")
         _fsync(partial)
         os.replace(partial, final)
         _fsync(self.directory)
+        checkpoint("faiss-renamed")
+
+    def current_vectors(self) -> faiss.Index | None:
+        import faiss
+
+        if not self.meta.get("generation"):
+            return None
+        path = vectors_file(self.directory, self.meta["generation"])
+        try:
+            return faiss.read_index(str(path))
+        except RuntimeError as error:
+            raise RagidxError(
+                f"vector file {path} is unreadable ({str(error).splitlines()[0]}); "
+                "run `ragidx check --repair` or build with --rebuild"
+            ) from error
 
     def _remove_stale_vector_files(self, keep: int) -> None:
         """Delete every generation file but ``keep``: older generations and leftovers of crashed builds."""
@@ -319,6 +395,13 @@ class IndexWriter:
         for path in self.directory.glob("vectors-*.faiss*"):
             if path.name != current:
                 path.unlink(missing_ok=True)
+
+
+SQL_BATCH = 500  # ids per "in (...)" list, well under SQLite's parameter limit
+
+
+def in_batches(ids: list[int]) -> list[list[int]]:
+    return [ids[i : i + SQL_BATCH] for i in range(0, len(ids), SQL_BATCH)]
 
 
 def _document_row(record: DocumentRecord, now: float) -> dict[str, Any]:

@@ -1,0 +1,19 @@
+"""Named points in the commit protocol where a test can kill the process, to prove crash safety.
+
+``RAGIDX_KILL_AT=faiss-write`` makes a build SIGKILL itself when it reaches that point, exactly
+as a power cut or the OOM killer would; unset (always, outside the crash tests) it costs one
+environment lookup per commit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+KILL_POINTS = ("faiss-write", "faiss-renamed", "sqlite-commit")
+
+
+def checkpoint(name: str) -> None:
+    """Die here, without cleanup, if ``$RAGIDX_KILL_AT`` names this point."""
+    if os.environ.get("RAGIDX_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,233 @@
+"""Index lifecycle: incremental builds, rm, check --repair, --strategy auto, crashes and concurrency."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ragidx.indexer.faults import KILL_POINTS
+from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
+
+
+def build(corpus: Path, index: Path, model: Path, *extra: str, env: dict | None = None) -> dict:
+    args = ("build", corpus, "--model", model, "--index", index, "--json", *extra)
+    return json.loads(ragidx(*args, env=env).stdout)
+
+
+def stored_vectors(index: Path) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
+    """(path, ordinal) -> (chunk id, vector), read with plain sqlite3 and faiss."""
+    import faiss
+
+    with sqlite3.connect(index / "ragidx.db") as db:
+        generation = json.loads(db.execute("select value from meta where key = 'generation'").fetchone()[0])
+        rows = db.execute(
+            "select c.id, d.path, c.ordinal from chunks c join documents d on d.id = c.document_id"
+        ).fetchall()
+    vectors = faiss.read_index(str(index / f"vectors-{generation}.faiss"))
+    assert sorted(faiss.vector_to_array(vectors.id_map).tolist()) == sorted(r[0] for r in rows)
+    return {(path, ordinal): (chunk_id, vectors.reconstruct(chunk_id)) for chunk_id, path, ordinal in rows}
+
+
+@pytest.fixture
+def corpus(tmp_path, sample_corpus) -> Path:
+    shutil.copytree(sample_corpus, tmp_path / "corpus")
+    return tmp_path / "corpus"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_models, sample_corpus):
+    """The sample corpus (a copy) and its index; tests copy both before changing them."""
+    root = tmp_path_factory.mktemp("lifecycle")
+    shutil.copytree(sample_corpus, root / "corpus")
+    build(root / "corpus", root / "index", tiny_models["qwen2"])
+    return root
+
+
+@pytest.fixture
+def workspace(built, tmp_path) -> tuple[Path, Path]:
+    """A private copy of the built corpus and index, at the same relative place."""
+    shutil.copytree(built / "corpus", tmp_path / "corpus")
+    shutil.copytree(built / "index", tmp_path / "index")
+    with sqlite3.connect(tmp_path / "index" / "ragidx.db") as db:
+        db.execute("update documents set path = replace(path, ?, ?)", [str(built), str(tmp_path)])
+    return tmp_path / "corpus", tmp_path / "index"
+
+
+def test_incremental_build_embeds_only_what_changed(workspace, tiny_models, tmp_path):
+    corpus, index = workspace
+    model = tiny_models["qwen2"]
+    before = stored_vectors(index)
+    (corpus / "faq" / "shipping.txt").write_text("Parcels ship within two days by bicycle courier.\n")
+    (corpus / "notes" / "tides.md").unlink()
+    (corpus / "notes" / "new-note.md").write_text("# Kites\n\nA kite flies because air pushes on it.\n")
+    summary = build(corpus, index, model)
+    assert (summary["new"], summary["updated"], summary["unchanged"], summary["removed"]) == (1, 1, 11, 1)
+    assert summary["documents"] == 2 and summary["generation"] == 2
+    after = stored_vectors(index)
+    changed = {str(corpus / "faq" / "shipping.txt"), str(corpus / "notes" / "new-note.md")}
+    for key, (chunk_id, vector) in after.items():
+        if key[0] not in changed:
+            assert before[key][0] == chunk_id
+            np.testing.assert_array_equal(before[key][1], vector)
+    assert not any(path.endswith("tides.md") for path, _ in after)
+    # the same corpus built from scratch gives the same vectors for every chunk
+    fresh = stored_vectors(Path(build(corpus, tmp_path / "fresh", model)["index"]))
+    assert fresh.keys() == after.keys()
+    for key, (_, vector) in fresh.items():
+        np.testing.assert_allclose(after[key][1], vector, atol=1e-5)
+    lexical = ragidx("query", "bicycle courier", "--index", index, "--mode", "lexical", "--json").stdout
+    assert json.loads(lexical)[0]["path"].endswith("shipping.txt")
+
+
+def test_an_unchanged_rebuild_does_not_load_the_model_or_commit(workspace, tiny_models):
+    corpus, index = workspace
+    started = time.perf_counter()
+    result = ragidx("build", corpus, "--index", index, env={"RAGIDX_MODEL": "/no/such/model"})
+    seconds = time.perf_counter() - started
+    assert result.stdout.splitlines()[0] == "0 new, 0 updated, 13 unchanged, 0 removed", result.stdout
+    assert "(generation 1)" in result.stdout and seconds < 60
+    # settings not given are the index's own; other settings are refused without --rebuild
+    refused = ragidx("build", corpus, "--index", index, "--chunk-tokens", "40", check=False)
+    assert_one_line_error(refused, "other settings.*--rebuild")
+
+
+def test_building_one_folder_keeps_documents_elsewhere(workspace, tiny_models):
+    corpus, index = workspace
+    (corpus / "faq" / "returns.md").unlink()
+    summary = build(corpus / "faq", index, tiny_models["qwen2"])
+    assert (summary["new"], summary["updated"], summary["unchanged"], summary["removed"]) == (0, 0, 4, 1)
+    assert summary["total_documents"] == 12
+
+
+def test_rm_removes_documents_from_every_search(workspace):
+    corpus, index = workspace
+    out = ragidx("rm", corpus / "notes", corpus / "faq" / "warranty.md", "--index", index).stdout
+    assert out.count("removed ") == 6 and "6 documents removed; generation 2" in out
+    for mode in ("dense", "lexical", "hybrid"):
+        hits = json.loads(
+            ragidx(
+                "query", "warranty tides espresso", "--index", index, "--mode", mode, "--json", "-k", "50"
+            ).stdout
+        )
+        assert hits and not any("/notes/" in h["path"] or h["path"].endswith("warranty.md") for h in hits)
+    assert ragidx("check", "--index", index).stdout.strip() == "generation 2: ok"
+    assert_one_line_error(
+        ragidx("rm", corpus / "notes", "--index", index, check=False), "no indexed document"
+    )
+
+
+def test_check_finds_and_repairs_damage(workspace, tiny_models):
+    import faiss
+
+    corpus, index = workspace
+    assert ragidx("check", "--index", index).returncode == 0
+    (index / "vectors-9.faiss.partial").write_bytes(b"left by a crash")
+    vectors = faiss.read_index(str(index / "vectors-1.faiss"))
+    victim = int(faiss.vector_to_array(vectors.id_map)[0])
+    vectors.remove_ids(faiss.IDSelectorBatch(np.array([victim], dtype=np.int64)))
+    extra = np.ones((1, vectors.d), dtype=np.float32) / np.sqrt(vectors.d)
+    vectors.add_with_ids(extra, np.array([999_999], dtype=np.int64))
+    faiss.write_index(vectors, str(index / "vectors-1.faiss"))
+    with sqlite3.connect(index / "ragidx.db") as db:
+        db.execute(
+            "insert into chunks_fts(chunks_fts, rowid, text) values('delete', ?, ?)",
+            [victim, db.execute("select text from chunks where id = ?", [victim]).fetchone()[0]],
+        )
+        db.execute(
+            "update documents set chunk_count = chunk_count + 5 where id = (select min(id) from documents)"
+        )
+        victim_path = db.execute(
+            "select d.path from chunks c join documents d on d.id = c.document_id where c.id = ?", [victim]
+        ).fetchone()[0]
+    found = json.loads(ragidx("check", "--index", index, "--json", check=False).stdout)
+    assert not found["healthy"]
+    kinds = {p["kind"] for p in found["problems"]}
+    assert kinds == {
+        "stale-files",
+        "lexical-index",
+        "chunk-counts",
+        "vectors-without-chunks",
+        "chunks-without-vectors",
+    }
+    repaired = ragidx("check", "--repair", "--index", index, check=False)
+    assert repaired.returncode == 0, repaired.stdout
+    assert ragidx("check", "--index", index).stdout.strip() == "generation 2: ok"
+    assert sorted(p.name for p in index.glob("vectors-*")) == ["vectors-2.faiss"]
+    readded = build(corpus, index, tiny_models["qwen2"])
+    assert readded["new"] == 1 and Path(victim_path).name in json.dumps(
+        stored_vectors(index).keys().__repr__()
+    )
+
+
+def test_auto_strategy_follows_document_length(tmp_path, tiny_models, sample_corpus):
+    short = tmp_path / "short"
+    short.mkdir()
+    for i, line in enumerate(["Cats purr.", "Dogs bark at night.", "Birds sing at dawn."]):
+        (short / f"{i}.txt").write_text(line)
+    summary = build(short, tmp_path / "short-index", tiny_models["qwen2"], "--strategy", "auto")
+    assert summary["strategy"] == "aligned-wva" and summary["strategy_reason"].startswith("auto: median")
+    long_docs = tmp_path / "long"
+    long_docs.mkdir()
+    for source in sorted(sample_corpus.glob("*/*.md"))[:3]:
+        (long_docs / source.name).write_text(source.read_text() * 4)
+    long = build(long_docs, tmp_path / "long-index", tiny_models["qwen2"], "--strategy", "auto")
+    assert long["strategy"] == "htp" and ">= 256" in long["strategy_reason"]
+    info = json.loads(ragidx("info", "--index", tmp_path / "long-index", "--json").stdout)
+    assert (info["strategy"], info["strategy_reason"]) == ("htp", long["strategy_reason"])
+    again = ragidx("build", long_docs, "--index", tmp_path / "long-index", "--strategy", "auto")
+    assert again.stdout.startswith("0 new, 0 updated, 3 unchanged, 0 removed")
+
+
+def search_all(index: Path, queries: list[str]) -> list[list[tuple[int, float]]]:
+    from ragidx.app import Index
+
+    with Index.open(index, device="cpu") as opened:
+        return [[(h.chunk_id, round(h.score, 5)) for h in opened.search(q, 5)] for q in queries]
+
+
+QUERIES = ["keeping ships off the rocks", "compost heap smells", "password reset link"]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_build_killed_inside_the_commit_leaves_the_previous_generation(workspace, tiny_models, point):
+    corpus, index = workspace
+    before = search_all(index, QUERIES)
+    (corpus / "faq" / "shipping.txt").write_text("Parcels ship within two days by bicycle courier.\n")
+    args = [RAGIDX, "build", str(corpus), "--model", str(tiny_models["qwen2"]), "--index", str(index)]
+    killed = subprocess.run(args, env={**child_env(), "RAGIDX_KILL_AT": point}, capture_output=True)
+    assert killed.returncode == -9
+    assert search_all(index, QUERIES) == before
+    assert json.loads(ragidx("info", "--index", index, "--json").stdout)["generation"] == 1
+    summary = build(corpus, index, tiny_models["qwen2"])
+    assert summary["generation"] == 2 and summary["updated"] == 1
+    assert sorted(p.name for p in index.glob("vectors-*")) == ["vectors-2.faiss"]
+
+
+def test_queries_during_a_build_see_the_last_committed_generation(workspace, tiny_models):
+    corpus, index = workspace
+    old = search_all(index, QUERIES)
+    for i in range(4):
+        shutil.copytree(corpus / "notes", corpus / f"more{i}")
+    args = [RAGIDX, "build", str(corpus), "--model", str(tiny_models["qwen2"]), "--index", str(index)]
+    writer = subprocess.Popen(
+        [*args, "--batch-size", "2"], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    seen = []
+    try:
+        time.sleep(1.0)
+        second = ragidx(*args[1:], check=False)
+        assert_one_line_error(second, "is locked")
+        while writer.poll() is None:
+            seen.append(search_all(index, QUERIES))
+    finally:
+        writer.wait(timeout=300)
+    assert writer.returncode == 0, writer.stderr.read()
+    new = search_all(index, QUERIES)
+    assert seen and all(result in (old, new) for result in seen)
+    assert seen[0] == old
