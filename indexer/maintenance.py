@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from ragidx.indexer.changes import absolute_roots, under
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.store import IndexWriter, in_batches, vectors_file
+from ragidx.indexer.store import DB_NAME, IndexWriter, in_batches, vectors_file
 
 
 @dataclass
@@ -27,9 +27,7 @@ def remove(paths: Sequence[str | Path], index_dir: Path) -> RemoveReport:
     if not paths:
         raise RagidxError("give at least one indexed file or folder to remove")
     roots = absolute_roots(paths)
-    with IndexWriter(index_dir) as writer:
-        if not writer.meta.get("generation"):
-            raise RagidxError(f"no index at {index_dir} (run `ragidx build PATH` first, or pass --index DIR)")
+    with _open_existing(index_dir) as writer:
         targets = {path: doc_id for path, (doc_id, _) in writer.documents().items() if under(path, roots)}
         if not targets:
             raise RagidxError(f"no indexed document at or under {', '.join(map(str, paths))}")
@@ -37,6 +35,18 @@ def remove(paths: Sequence[str | Path], index_dir: Path) -> RemoveReport:
         generation = writer.commit([], empty, writer.meta, list(targets.values()))
         counts = writer.counts()
     return RemoveReport(sorted(targets), generation, counts["documents"], counts["chunks"])
+
+
+def _open_existing(index_dir: Path, clean_stale: bool = True) -> IndexWriter:
+    """Write access to an index that has a committed generation; never creates one."""
+    missing = RagidxError(f"no index at {index_dir} (run `ragidx build PATH` first, or pass --index DIR)")
+    if not (Path(index_dir) / DB_NAME).is_file():
+        raise missing
+    writer = IndexWriter(index_dir, clean_stale)
+    if not writer.meta.get("generation"):
+        writer.close()
+        raise missing
+    return writer
 
 
 @dataclass
@@ -72,9 +82,7 @@ def check(index_dir: Path, repair: bool = False) -> CheckReport:
     re-embeds them, since they are then new). Each repair that touches vectors commits a new
     generation, so readers never see a half-repaired index.
     """
-    with IndexWriter(index_dir) as writer:
-        if not writer.meta.get("generation"):
-            raise RagidxError(f"no index at {index_dir} (run `ragidx build PATH` first, or pass --index DIR)")
+    with _open_existing(index_dir, clean_stale=False) as writer:
         report = CheckReport(int(writer.meta["generation"]))
         db = writer.db
         _check_files(writer, report, repair)

@@ -238,7 +238,8 @@ class IndexReader:
 class IndexWriter:
     """Exclusive write access to an index directory, held for the whole build."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, clean_stale: bool = True):
+        """``clean_stale=False`` leaves crashed builds' leftovers in place (for ``check`` to report)."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_file = open(self.directory / LOCK_NAME, "w")  # noqa: SIM115 - held until close()
@@ -253,6 +254,8 @@ class IndexWriter:
             self.db.enable_wal()
             _create_schema(self.db)
             self.meta = read_meta(self.db)
+            if clean_stale and self.meta.get("generation"):
+                self._remove_stale_vector_files(self.meta["generation"])  # leftovers of crashed builds
         except sqlite3.DatabaseError as error:
             self.close()
             raise RagidxError(
