@@ -175,6 +175,8 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             "chunker": chunker.settings,
         }
         _refuse_incompatible(stored, settings)
+        if stored and not plan.changes_anything:  # settings given, and all equal to the index's
+            return _report(options, writer, plan, scanned.skipped, started, stored, None)
         records = _chunk_documents(plan.to_embed, chunker, options.progress)
         embed_started = time.perf_counter()
         vectors = _embed(records, strategy, options.progress)

@@ -92,6 +92,11 @@ def test_an_unchanged_rebuild_does_not_load_the_model_or_commit(workspace, tiny_
     seconds = time.perf_counter() - started
     assert result.stdout.splitlines()[0] == "0 new, 0 updated, 13 unchanged, 0 removed", result.stdout
     assert "(generation 1)" in result.stdout and seconds < 60
+    template = json.loads(ragidx("info", "--index", index, "--json").stdout)["strategy_params"][
+        "query_template"
+    ]
+    same = build(corpus, index, tiny_models["qwen2"], "--query-template", template)  # loads the model, equal
+    assert (same["generation"], same["unchanged"], same["chunks"]) == (1, 13, 0)
     # settings not given are the index's own; other settings are refused without --rebuild
     refused = ragidx("build", corpus, "--index", index, "--chunk-tokens", "40", check=False)
     assert_one_line_error(refused, "other settings.*--rebuild")
