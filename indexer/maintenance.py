@@ -49,6 +49,25 @@ def _open_existing(index_dir: Path, clean_stale: bool = True) -> IndexWriter:
     return writer
 
 
+# (problem, detail, SQL counting the rows at fault, SQL repairing them)
+ROW_RULES = (
+    (
+        "orphan-chunks",
+        "{} chunks belong to no document",
+        "select count(*) from chunks where document_id not in (select id from documents)",
+        "delete from chunks where document_id not in (select id from documents)",
+    ),
+    (
+        "chunk-counts",
+        "{} documents have a wrong chunk count",
+        "select count(*) from documents d where chunk_count != "
+        "(select count(*) from chunks c where c.document_id = d.id)",
+        "update documents set chunk_count = "
+        "(select count(*) from chunks c where c.document_id = documents.id)",
+    ),
+)
+
+
 @dataclass
 class Problem:
     kind: str
@@ -87,30 +106,13 @@ def check(index_dir: Path, repair: bool = False) -> CheckReport:
         db = writer.db
         _check_files(writer, report, repair)
         _check_fts(db, report, repair)
-        orphans = db.execute(
-            "select count(*) from chunks where document_id not in (select id from documents)"
-        ).fetchone()[0]
-        if orphans:
-            report.problems.append(
-                Problem("orphan-chunks", f"{orphans} chunks belong to no document", repair)
-            )
-            if repair:
-                with db.atomic():
-                    db.execute("delete from chunks where document_id not in (select id from documents)")
-        wrong = db.execute(
-            "select count(*) from documents d where chunk_count != "
-            "(select count(*) from chunks c where c.document_id = d.id)"
-        ).fetchone()[0]
-        if wrong:
-            report.problems.append(
-                Problem("chunk-counts", f"{wrong} documents have a wrong chunk count", repair)
-            )
-            if repair:
-                with db.atomic():
-                    db.execute(
-                        "update documents set chunk_count = "
-                        "(select count(*) from chunks c where c.document_id = documents.id)"
-                    )
+        for kind, detail, count_sql, repair_sql in ROW_RULES:
+            found = db.execute(count_sql).fetchone()[0]
+            if found:
+                report.problems.append(Problem(kind, detail.format(found), repair))
+                if repair:
+                    with db.atomic():
+                        db.execute(repair_sql)
         _check_vectors(writer, report, repair)
         report.generation = int(writer.meta["generation"])
     return report

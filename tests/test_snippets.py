@@ -3,15 +3,7 @@
 from __future__ import annotations
 
 from ragidx.app.snippets import SNIPPET_CHARS, Snippet, make_snippet, query_stems
-
-
-def spans_of(text: str, sentences: list[str]) -> list[tuple[int, int]]:
-    spans, cursor = [], 0
-    for sentence in sentences:
-        start = text.index(sentence, cursor)
-        spans.append((start, start + len(sentence)))
-        cursor = start + len(sentence)
-    return spans
+from test_token_prepending import spans_of
 
 
 def test_query_stems_drop_stop_words_unless_nothing_else_is_left():
