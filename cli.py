@@ -95,6 +95,41 @@ def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def _search_parameter_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option(
+        "--nprobe", type=click.IntRange(min=1), default=None, help="IVF: lists scanned per query."
+    )(command)
+    return click.option(
+        "--ef-search", type=click.IntRange(min=1), default=None, help="HNSW: candidate list size per query."
+    )(command)
+
+
+def _vector_index_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """How the vectors are indexed; given on a build of an existing index, they restructure its
+    vectors without re-embedding."""
+    options = [
+        click.option(
+            "--index-type",
+            type=click.Choice(["auto", "flat", "hnsw", "ivf"]),
+            default=None,
+            help="Vector index (default: the index's, else auto: exact up to 100,000 vectors, HNSW above).",
+        ),
+        click.option("--hnsw-m", type=click.IntRange(min=2), default=None, help="HNSW: links per node (32)."),
+        click.option(
+            "--ef-construction",
+            type=click.IntRange(min=1),
+            default=None,
+            help="HNSW: build-time breadth (80).",
+        ),
+        click.option(
+            "--nlist", type=click.IntRange(min=0), default=None, help="IVF: lists (0: about sqrt(N))."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return _search_parameter_options(command)
+
+
 def _given_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
     """Pop the strategy options out of a command's keyword arguments, keeping only those given."""
     from ragidx.indexer.pipeline import split_strategy_options
@@ -164,6 +199,7 @@ def cli(debug: bool) -> None:
 )
 @click.option("--query-template", default=None, help="Override the strategy's query template ({text} slot).")
 @_strategy_options
+@_vector_index_options
 @click.option(
     "--rebuild", is_flag=True, help="Re-embed everything (needed to change model, strategy or settings)."
 )
@@ -201,6 +237,9 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         f"index {report.index_dir} (generation {report.generation}): "
         f"{report.total_documents} documents, {report.total_chunks} chunks"
     )
+    click.echo(f"vectors: {report.vector_index.describe()}")
+    if report.vector_index_rebuilt:
+        click.echo(f"  rebuilt: {report.vector_index_rebuilt}")
 
 
 @cli.command()
@@ -232,6 +271,7 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
 @click.option(
     "--min-score", type=float, default=None, help="Drop hits scoring below this (the mode's own scale)."
 )
+@_search_parameter_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as a JSON list.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per result.")
 def query(
@@ -247,6 +287,8 @@ def query(
     exts: tuple[str, ...],
     meta: tuple[str, ...],
     min_score: float | None,
+    ef_search: int | None,
+    nprobe: int | None,
     as_json: bool,
     as_jsonl: bool,
 ) -> None:
@@ -259,7 +301,7 @@ def query(
     filters = Filters.create(paths, exts, Filters.parse_meta(meta))
     with Index.open(index_dir, device=device, dtype=dtype) as index:
         index.check_compatible(model, strategy)
-        hits = index.search(text, k, mode, filters, min_score)
+        hits = index.search(text, k, mode, filters, min_score, ef_search=ef_search, nprobe=nprobe)
     if as_json:
         _print_json([hit.to_dict() for hit in hits])
     elif as_jsonl:

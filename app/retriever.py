@@ -144,6 +144,9 @@ class Index:
         mode: str = "hybrid",
         filters: FilterSpec = None,
         min_score: float | None = None,
+        *,
+        ef_search: int | None = None,
+        nprobe: int | None = None,
     ) -> list[Hit]:
         """The ``k`` best chunks for ``query``.
 
@@ -152,9 +155,10 @@ class Index:
         Σ 1/(60 + rank), of both lists' top candidates (the score is the fused value).
         ``filters`` (a :class:`Filters` or ``{"path": ..., "ext": ..., "meta": {...}}``) restrict
         the candidates inside each search, so ``k`` hits come back whenever ``k`` chunks match;
-        ``min_score`` then drops hits scoring below it.
+        ``min_score`` then drops hits scoring below it. ``ef_search`` (HNSW) and ``nprobe`` (IVF)
+        override the index's stored search parameters for this call.
         """
-        return self.search_many([query], k, mode, filters, min_score)[0]
+        return self.search_many([query], k, mode, filters, min_score, ef_search=ef_search, nprobe=nprobe)[0]
 
     def search_many(
         self,
@@ -163,10 +167,17 @@ class Index:
         mode: str = "hybrid",
         filters: FilterSpec = None,
         min_score: float | None = None,
+        *,
+        ef_search: int | None = None,
+        nprobe: int | None = None,
     ) -> list[list[Hit]]:
         """:meth:`search` for several queries, embedding them in one batch."""
         if k < 1:
             raise RagidxError(f"k must be at least 1, got {k}")
+        for name, value in (("ef_search", ef_search), ("nprobe", nprobe)):
+            if value is not None and value < 1:
+                raise RagidxError(f"{name} must be at least 1, got {value}")
+        tuning = {"ef_search": ef_search, "nprobe": nprobe}
         if mode not in MODES:
             raise RagidxError(f"unknown mode '{mode}': choose one of {', '.join(MODES)}")
         if any(not query.strip() for query in queries):
@@ -179,17 +190,23 @@ class Index:
                     self._vectors = self.reader.load_vectors()
                     if self._vectors is None:
                         continue  # this generation's file is already gone: a newer snapshot has its own
-                return self._search_snapshot(queries, k, mode, chosen, min_score)
+                return self._search_snapshot(queries, k, mode, chosen, min_score, tuning)
         raise RagidxError("the index changed during every attempt to read it; try again")
 
     def _search_snapshot(
-        self, queries: Sequence[str], k: int, mode: str, filters: Filters, min_score: float | None
+        self,
+        queries: Sequence[str],
+        k: int,
+        mode: str,
+        filters: Filters,
+        min_score: float | None,
+        tuning: dict[str, int | None],
     ) -> list[list[Hit]]:
         allowed = self.reader.filtered_chunk_ids(filters) if filters else None
         if allowed is not None and not len(allowed):
             return [[] for _ in queries]
         candidates = k if mode != "hybrid" else max(MIN_CANDIDATES, 2 * k)
-        dense = self._dense_rankings(queries, candidates, allowed) if mode != "lexical" else None
+        dense = self._dense_rankings(queries, candidates, allowed, tuning) if mode != "lexical" else None
         results = []
         for index, query in enumerate(queries):
             ranked = {
@@ -203,16 +220,12 @@ class Index:
         return results
 
     def _dense_rankings(
-        self, queries: Sequence[str], limit: int, allowed: np.ndarray | None
+        self, queries: Sequence[str], limit: int, allowed: np.ndarray | None, tuning: dict[str, int | None]
     ) -> list[list[tuple[int, float]]]:
-        """Nearest chunks by inner product; ``allowed`` ids go to FAISS as a selector, so the
-        search itself skips filtered-out chunks instead of returning fewer than ``limit``."""
-        import faiss
-
+        """Nearest chunks by inner product; ``allowed`` ids restrict the search itself, so
+        filtered-out chunks never cost results (see :meth:`VectorIndex.search`)."""
         vectors = self.embed(list(queries), "query")
-        pool = self._vectors.ntotal if allowed is None else len(allowed)
-        params = None if allowed is None else faiss.SearchParameters(sel=faiss.IDSelectorBatch(allowed))
-        scores, ids = self._vectors.search(vectors, min(limit, max(pool, 1)), params=params)
+        scores, ids = self._vectors.search(vectors, limit, allowed, **tuning)
         return [
             [(int(i), float(s)) for s, i in zip(row_scores, row_ids, strict=True) if i >= 0]
             for row_scores, row_ids in zip(scores, ids, strict=True)

@@ -24,6 +24,7 @@ from ragidx.indexer.errors import RagidxError
 MAX_K = 1000
 MAX_TEXT_CHARS = 20_000
 MAX_EMBED_TEXTS = 256
+MAX_SEARCH_BREADTH = 65_536  # efSearch / nprobe: beyond this a request is a denial of service, not tuning
 
 MetaValue = str | int | float | bool | list[str | int | float | bool]
 
@@ -44,6 +45,8 @@ class SearchBody(BaseModel):
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
     filters: FilterBody | None = None
     min_score: float | None = None
+    ef_search: int | None = Field(default=None, ge=1, le=MAX_SEARCH_BREADTH)
+    nprobe: int | None = Field(default=None, ge=1, le=MAX_SEARCH_BREADTH)
 
 
 class EmbedBody(BaseModel):
@@ -95,7 +98,8 @@ def create_app(index: Index) -> FastAPI:
     def search(body: SearchBody) -> dict[str, Any]:
         filters = body.filters.model_dump(exclude_none=True) if body.filters else None
         with lock:
-            hits = index.search(body.query, body.k, body.mode, filters, body.min_score)
+            tuning = {"ef_search": body.ef_search, "nprobe": body.nprobe}
+            hits = index.search(body.query, body.k, body.mode, filters, body.min_score, **tuning)
         return {"query": body.query, "mode": body.mode, "k": body.k, "hits": [hit.to_dict() for hit in hits]}
 
     @app.post("/embed")

@@ -12,6 +12,7 @@ import numpy as np
 from ragidx.indexer.changes import absolute_roots, under
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.store import DB_NAME, IndexWriter, in_batches, vectors_file
+from ragidx.indexer.vector_index import stored_ids
 
 
 @dataclass
@@ -32,7 +33,7 @@ def remove(paths: Sequence[str | Path], index_dir: Path) -> RemoveReport:
         if not targets:
             raise RagidxError(f"no indexed document at or under {', '.join(map(str, paths))}")
         empty = np.zeros((0, int(writer.meta["dimension"])), dtype=np.float32)
-        generation = writer.commit([], empty, writer.meta, list(targets.values()))
+        generation = writer.commit([], empty, writer.meta, list(targets.values())).generation
         counts = writer.counts()
     return RemoveReport(sorted(targets), generation, counts["documents"], counts["chunks"])
 
@@ -142,12 +143,10 @@ def _check_fts(db: Any, report: CheckReport, repair: bool) -> None:
 
 
 def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool) -> None:
-    import faiss
-
     unreadable = False
     try:
         stored = writer.current_vectors()
-        vector_ids = set(faiss.vector_to_array(stored.id_map).tolist())
+        vector_ids = set(np.setdiff1d(stored_ids(stored.index), stored.tombstones).tolist())
     except RagidxError as error:
         report.problems.append(Problem("vectors", str(error), repair))
         vector_ids, unreadable = set(), True

@@ -6,7 +6,7 @@ import collections
 import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,8 +16,9 @@ from ragidx import __version__
 from ragidx.indexer.changes import ChangePlan, plan_changes
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.runtime import default_model, load_runtime
-from ragidx.indexer.sources import SkippedFile, SourceDocument, scan
-from ragidx.indexer.store import DocumentRecord, IndexWriter, default_index_dir
+from ragidx.indexer.sources import SkippedFile, SourceDocument, read_document, scan
+from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration, default_index_dir
+from ragidx.indexer.vector_index import VectorIndexSettings
 
 EMBED_SLICE = 256  # chunks tokenised and embedded per step; bounds memory, not results
 # Options only some strategies take (each strategy refuses the ones it does not).
@@ -60,9 +61,26 @@ class BuildOptions:
     document_template: str | None = None
     query_template: str | None = None
     strategy_options: dict[str, Any] = field(default_factory=dict)
+    index_type: str | None = None
+    hnsw_m: int | None = None
+    ef_construction: int | None = None
+    ef_search: int | None = None
+    nlist: int | None = None
+    nprobe: int | None = None
     rebuild: bool = False
     trust_remote_code: bool = False
     progress: bool = True
+
+    def vector_index(self, meta: dict[str, Any]) -> VectorIndexSettings:
+        """The index type and parameters to commit: ``meta``'s, with the ones given replaced."""
+        return VectorIndexSettings.from_meta(meta).with_overrides(
+            requested=self.index_type,
+            hnsw_m=self.hnsw_m,
+            ef_construction=self.ef_construction,
+            ef_search=self.ef_search,
+            nlist=self.nlist,
+            nprobe=self.nprobe,
+        )
 
 
 def split_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -101,6 +119,8 @@ class BuildReport:
     changes: ChangePlan
     total_documents: int
     total_chunks: int
+    vector_index: VectorIndexSettings
+    vector_index_rebuilt: str
 
     @property
     def vectors_per_second(self) -> float:
@@ -122,6 +142,8 @@ class BuildReport:
             "removed": self.changes.removed,
             "total_documents": self.total_documents,
             "total_chunks": self.total_chunks,
+            "vector_index": self.vector_index.to_meta(),
+            "vector_index_rebuilt": self.vector_index_rebuilt,
             "tokens": self.tokens,
             "truncated_chunks": self.truncated_chunks,
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
@@ -145,7 +167,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
     started = time.perf_counter()
     if not paths:
         raise RagidxError("nothing to index: give at least one file or folder")
-    scanned = scan(paths, exclude=options.index_dir)
+    scanned = scan(paths, exclude=options.index_dir, keep_text=False)
     if not scanned.documents:
         detail = (
             f" ({len(scanned.skipped)} skipped: {describe_skips(scanned.skipped)})" if scanned.skipped else ""
@@ -154,9 +176,15 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
     with IndexWriter(options.index_dir) as writer:
         stored = writer.meta if writer.meta.get("generation") and not options.rebuild else {}
         plan = plan_changes(scanned, writer.documents() if stored else {}, paths)
+        vector_index = options.vector_index(writer.meta)
         if stored and not plan.to_embed and not _changes_settings(options, stored):
-            generation = writer.commit([], _no_vectors(stored), stored, plan.stale) if plan.stale else None
-            return _report(options, writer, plan, scanned.skipped, started, stored, generation)
+            changed = plan.stale or vector_index != VectorIndexSettings.from_meta(stored)
+            committed = (
+                writer.commit([], _no_vectors(stored), stored, plan.stale, vector_index=vector_index)
+                if changed
+                else None
+            )
+            return _report(options, writer, plan, scanned.skipped, started, stored, committed)
         runtime = load_runtime(
             options.model or stored.get("model") or default_model(),
             options.device,
@@ -175,33 +203,21 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             "chunker": chunker.settings,
         }
         _refuse_incompatible(stored, settings)
-        if stored and not plan.changes_anything:  # settings given, and all equal to the index's
+        if stored and not plan.changes_anything and vector_index == VectorIndexSettings.from_meta(stored):
             return _report(options, writer, plan, scanned.skipped, started, stored, None)
-        records = _chunk_documents(plan.to_embed, chunker, options.progress)
-        embed_started = time.perf_counter()
-        vectors = _embed(records, strategy, options.progress)
-        embed_seconds = time.perf_counter() - embed_started
-        meta = {
-            **settings,
-            "strategy_reason": reason,
-            "strategy_notes": strategy.notes,
-            "dimension": strategy.dimension,
-            "dtype": str(runtime.dtype).removeprefix("torch."),
-            "ragidx_version": __version__,
-        }
-        generation = writer.commit(records, vectors, meta, plan.stale, replace=not stored)
-        return _report(
-            options,
-            writer,
-            plan,
-            scanned.skipped,
-            started,
-            meta,
-            generation,
-            records=records,
-            embed_seconds=embed_seconds,
-            truncated=strategy.truncated,
-        )
+        with writer.next_generation(plan.stale, replace=not stored) as pending:
+            embedded = _embed_documents(plan.to_embed, chunker, strategy, pending, options.progress)
+            meta = {
+                **settings,
+                "strategy_reason": reason,
+                "strategy_notes": strategy.notes,
+                "dimension": strategy.dimension,
+                "dtype": str(runtime.dtype).removeprefix("torch."),
+                "ragidx_version": __version__,
+            }
+            committed = pending.commit(meta, vector_index=vector_index)
+        skipped = scanned.skipped + embedded.skipped
+        return _report(options, writer, plan, skipped, started, meta, committed, embedded)
 
 
 def _changes_settings(options: BuildOptions, stored: dict[str, Any]) -> bool:
@@ -236,7 +252,7 @@ def _choose_strategy(
     if options.strategy == "auto":
         if str(stored.get("strategy_reason", "")).startswith("auto"):
             return stored["strategy"], stored["strategy_reason"]
-        counts = [len(ids) for ids in runtime.tokenizer([d.text for d in documents])["input_ids"]]
+        counts = [len(runtime.tokenizer(text)["input_ids"]) for text in _texts(documents)]
         return choose_strategy(counts)
     if options.strategy:
         return options.strategy, "given with --strategy"
@@ -289,29 +305,29 @@ def _report(
     skipped: list[SkippedFile],
     started: float,
     meta: dict[str, Any],
-    generation: int | None,
-    records: Sequence[DocumentRecord] = (),
-    embed_seconds: float = 0.0,
-    truncated: int = 0,
+    committed: Committed | None,
+    embedded: Embedded | None = None,
 ) -> BuildReport:
     totals = writer.counts()
     return BuildReport(
         index_dir=str(options.index_dir),
-        generation=generation or int(writer.meta["generation"]),
+        generation=int(writer.meta["generation"]),
         model=meta["model"],
         strategy=meta["strategy"],
         strategy_reason=meta.get("strategy_reason", ""),
         strategy_notes=meta.get("strategy_notes", {}),
-        documents=len(records),
-        chunks=sum(len(r.chunks) for r in records),
-        tokens=sum(c.token_count for r in records for c in r.chunks),
-        truncated_chunks=truncated,
+        documents=embedded.documents if embedded else 0,
+        chunks=embedded.chunks if embedded else 0,
+        tokens=embedded.tokens if embedded else 0,
+        truncated_chunks=embedded.truncated if embedded else 0,
         skipped=skipped,
         seconds=time.perf_counter() - started,
-        embed_seconds=embed_seconds,
+        embed_seconds=embedded.seconds if embedded else 0.0,
         changes=plan,
         total_documents=totals["documents"],
         total_chunks=totals["chunks"],
+        vector_index=VectorIndexSettings.from_meta(writer.meta),
+        vector_index_rebuilt=committed.rebuilt if committed else "",
     )
 
 
@@ -334,37 +350,79 @@ def _refuse_incompatible(existing: dict[str, Any], settings: dict[str, Any]) -> 
         )
 
 
-def _chunk_documents(
-    documents: Sequence[SourceDocument], chunker: Any, progress: bool
-) -> list[DocumentRecord]:
+def _texts(documents: Sequence[SourceDocument]) -> Iterator[str]:
+    """The documents' texts, read again one at a time (the scan keeps none); unreadable ones are left out."""
+    for document in documents:
+        fresh = read_document(Path(document.path))
+        if isinstance(fresh, SourceDocument):
+            yield fresh.text
+
+
+@dataclass
+class Embedded:
+    """What the embedding pass did."""
+
+    documents: int = 0
+    chunks: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    seconds: float = 0.0
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+
+def _embed_documents(
+    documents: Sequence[SourceDocument], chunker: Any, strategy: Any, pending: NextGeneration, progress: bool
+) -> Embedded:
+    """Re-read, chunk and embed ``documents`` a group at a time, handing each group's rows and
+    vectors to ``pending`` at once, so memory holds one group's texts, not the corpus's.
+
+    A file that became unreadable since the scan is skipped and reported.
+    """
     from tqdm import tqdm
 
-    bar = tqdm(documents, desc="chunking", unit="file", disable=None if progress else True, file=sys.stderr)
-    return [DocumentRecord(doc, chunker.chunk(doc.text), doc.metadata) for doc in bar]
+    embedded = Embedded()
+    started = time.perf_counter()
+    group: list[DocumentRecord] = []
+    fed = 0  # templated tokens through the model, for the rate shown
+    hidden = None if progress else True  # None: tqdm hides the bar itself when stderr is no terminal
+    with tqdm(total=len(documents), desc="embedding", unit="doc", disable=hidden, file=sys.stderr) as bar:
+
+        def advance(rows: int, batch_tokens: int) -> None:
+            nonlocal fed
+            fed += batch_tokens
+            bar.set_postfix(tok_s=f"{fed / max(time.perf_counter() - started, 1e-9):.0f}")
+
+        def flush() -> None:
+            pending.add(group, _embed(group, strategy, advance))
+            bar.update(len(group))
+            group.clear()
+
+        for document in documents:
+            fresh = read_document(Path(document.path))
+            if isinstance(fresh, SkippedFile):
+                embedded.skipped.append(fresh)
+                bar.update(1)
+                continue
+            record = DocumentRecord(fresh, chunker.chunk(fresh.text), fresh.metadata)
+            group.append(record)
+            embedded.documents += 1
+            embedded.chunks += len(record.chunks)
+            embedded.tokens += sum(chunk.token_count for chunk in record.chunks)
+            if sum(len(r.chunks) for r in group) >= EMBED_SLICE:
+                flush()
+        if group:
+            flush()
+    embedded.seconds = time.perf_counter() - started
+    embedded.truncated = strategy.truncated
+    return embedded
 
 
-def _embed(records: Sequence[DocumentRecord], strategy: Any, progress: bool) -> np.ndarray:
-    from tqdm import tqdm
-
+def _embed(records: Sequence[DocumentRecord], strategy: Any, advance: Any) -> np.ndarray:
+    """One vector per chunk of ``records``, in order; sentence spans are made chunk-relative."""
     chunks = [chunk for record in records for chunk in record.chunks]
-    texts = [chunk.text for chunk in chunks]
+    if not chunks:
+        return np.zeros((0, strategy.dimension), dtype=np.float32)
     sentences = [
         [(start - chunk.start, end - chunk.start) for start, end in chunk.sentences] for chunk in chunks
     ]
-    out = np.zeros((len(texts), strategy.dimension), dtype=np.float32)
-    started = time.perf_counter()
-    tokens = 0
-    with tqdm(
-        total=len(texts), desc="embedding", unit="chunk", disable=None if progress else True, file=sys.stderr
-    ) as bar:
-
-        def advance(rows: int, batch_tokens: int) -> None:
-            nonlocal tokens
-            tokens += batch_tokens
-            bar.update(rows)
-            bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - started, 1e-9):.0f}")
-
-        for first in range(0, len(texts), EMBED_SLICE):
-            window = slice(first, first + EMBED_SLICE)
-            out[window] = strategy.encode(texts[window], "document", advance, sentences[window])
-    return out
+    return strategy.encode([chunk.text for chunk in chunks], "document", advance, sentences)

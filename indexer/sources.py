@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -88,8 +89,12 @@ class ScanResult:
     skipped: list[SkippedFile] = field(default_factory=list)
 
 
-def scan(paths: Sequence[str | Path], exclude: Path | None = None) -> ScanResult:
-    """Read every supported file under ``paths``; files that cannot be used are listed, not fatal."""
+def scan(paths: Sequence[str | Path], exclude: Path | None = None, keep_text: bool = True) -> ScanResult:
+    """Read every supported file under ``paths``; files that cannot be used are listed, not fatal.
+
+    ``keep_text=False`` drops each text once it is hashed (``text`` is then empty): a build reads
+    the documents it embeds again, one group at a time, so its memory does not grow with the corpus.
+    """
     result = ScanResult()
     seen: set[str] = set()
     for file in _walk(paths, exclude):
@@ -101,7 +106,7 @@ def scan(paths: Sequence[str | Path], exclude: Path | None = None) -> ScanResult
         if isinstance(outcome, SkippedFile):
             result.skipped.append(outcome)
         else:
-            result.documents.append(outcome)
+            result.documents.append(outcome if keep_text else dataclasses.replace(outcome, text=""))
     return result
 
 

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
+from ragidx.indexer.vector_index import VectorIndex, VectorIndexSettings, update
 
 if TYPE_CHECKING:
-    import faiss
     from ragidx.indexer.chunking import Chunk
     from ragidx.indexer.filters import Filters
     from ragidx.indexer.sources import SourceDocument
@@ -109,6 +109,7 @@ def _create_schema(db: Database) -> None:
         if_not_exists=True,
     )
     db["chunks"].create_index(["document_id"], if_not_exists=True)
+    db["tombstones"].create({"chunk_id": int}, pk="chunk_id", if_not_exists=True)
     if not db["chunks_fts"].exists():
         db["chunks"].enable_fts(["text"], create_triggers=True, tokenize="porter")
 
@@ -117,10 +118,35 @@ def _counts(db: Database) -> dict[str, int]:
     return {"documents": db["documents"].count, "chunks": db["chunks"].count}
 
 
+def _read_tombstones(db: Database) -> np.ndarray:
+    """Deleted chunk ids still in an HNSW graph (see :mod:`ragidx.indexer.vector_index`)."""
+    if not db["tombstones"].exists():
+        return np.zeros(0, dtype=np.int64)
+    rows = db.execute("select chunk_id from tombstones order by chunk_id").fetchall()
+    return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+
+
+def _read_vectors(directory: Path, db: Database, meta: dict[str, Any]) -> VectorIndex:
+    """The generation's FAISS file with its settings and tombstones; RuntimeError if unreadable."""
+    import faiss
+
+    index = faiss.read_index(str(vectors_file(directory, meta["generation"])))
+    return VectorIndex(index, VectorIndexSettings.from_meta(meta), _read_tombstones(db))
+
+
 def read_meta(db: Database) -> dict[str, Any]:
     if not db["meta"].exists():
         return {}
     return {row["key"]: json.loads(row["value"]) for row in db["meta"].rows}
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A committed generation, its vector index settings, and why the vector index was rebuilt."""
+
+    generation: int
+    vector_index: VectorIndexSettings
+    rebuilt: str = ""
 
 
 class IndexReader:
@@ -156,14 +182,12 @@ class IndexReader:
         finally:
             self.db.execute("rollback")
 
-    def load_vectors(self) -> faiss.Index | None:
-        """The FAISS index of ``meta["generation"]``, or None when a newer build already replaced
+    def load_vectors(self) -> VectorIndex | None:
+        """The vector index of ``meta["generation"]``, or None when a newer build already replaced
         (and deleted) that file: take a new :meth:`snapshot` and read the new generation."""
-        import faiss
-
         path = vectors_file(self.directory, self.meta["generation"])
         try:
-            return faiss.read_index(str(path))
+            return _read_vectors(self.directory, self.db, self.meta)
         except RuntimeError as error:
             if path.exists():
                 raise RagidxError(f"vector file {path} is unreadable: {error}".splitlines()[0]) from error
@@ -281,11 +305,18 @@ class IndexWriter:
         rows = self.db.execute("select path, id, content_hash from documents").fetchall()
         return {path: (doc_id, content_hash) for path, doc_id, content_hash in rows}
 
-    def replace_all(
-        self, records: Sequence[DocumentRecord], vectors: np.ndarray, meta: dict[str, Any]
-    ) -> int:
-        """Make ``records`` and ``vectors`` (one row per chunk, in record order) the whole index."""
-        return self.commit(records, vectors, meta, replace=True)
+    @contextlib.contextmanager
+    def next_generation(self, removed: Sequence[int] = (), replace: bool = False) -> Iterator[NextGeneration]:
+        """Write the next generation: the documents ``removed`` (ids), or all when ``replace``, are
+        dropped, rows are added as they come inside one open SQLite transaction (readers keep
+        seeing the committed generation), and :meth:`NextGeneration.commit` writes the vectors and
+        commits. Leaving the block without committing rolls everything back."""
+        pending = NextGeneration(self, removed, replace)
+        try:
+            yield pending
+        finally:
+            if self.db.conn.in_transaction:
+                self.db.rollback()
 
     def commit(
         self,
@@ -294,59 +325,13 @@ class IndexWriter:
         meta: dict[str, Any],
         removed: Sequence[int] = (),
         replace: bool = False,
-        drop_vectors: np.ndarray | None = None,
-        fresh_vectors: bool = False,
-    ) -> int:
-        """Add ``records`` (``vectors`` one row per chunk, in record order) and drop the documents
-        ``removed`` (ids), or everything when ``replace``; returns the new generation.
-
-        For repairs: ``drop_vectors`` are ids to remove from the vectors alone, and
-        ``fresh_vectors`` starts from no vectors instead of the current (unreadable) file.
-
-        Chunk ids are never reused, so a reader holding the previous generation's vectors can
-        never be joined to a different chunk's text.
-        """
-        n_chunks = sum(len(r.chunks) for r in records)
-        if vectors.shape[0] != n_chunks:
-            raise ValueError(f"{vectors.shape[0]} vectors for {n_chunks} chunks")
-        generation = int(self.meta.get("generation", 0)) + 1
-        first_id = int(self.meta.get("next_chunk_id", 1))
-        ids = np.arange(first_id, first_id + n_chunks, dtype=np.int64)
-        removed_chunks = self._chunk_ids_of(removed)
-        if drop_vectors is not None:
-            removed_chunks = np.concatenate([removed_chunks, drop_vectors])
-        self._write_vectors(generation, vectors, ids, removed_chunks, replace or fresh_vectors)
-        now = time.time()
-        stamp = datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="seconds")
-        with self.db.atomic():
-            if replace:
-                self.db.execute("delete from chunks")
-                self.db.execute("delete from documents")
-            for batch in in_batches(list(removed)):
-                marks = ",".join("?" for _ in batch)
-                self.db.execute(f"delete from chunks where document_id in ({marks})", batch)
-                self.db.execute(f"delete from documents where id in ({marks})", batch)
-            chunk_ids = iter(ids.tolist())
-            for record in records:
-                document_id = self.db["documents"].insert(_document_row(record, now)).last_pk
-                self.db["chunks"].insert_all(
-                    _chunk_row(chunk, document_id, next(chunk_ids)) for chunk in record.chunks
-                )
-            new_meta = {
-                **meta,
-                "schema_version": SCHEMA_VERSION,
-                "generation": generation,
-                "next_chunk_id": first_id + n_chunks,
-                "updated_at": stamp,
-            }
-            new_meta.setdefault("created_at", self.meta.get("created_at", stamp))
-            self.db["meta"].upsert_all(
-                ({"key": k, "value": json.dumps(v)} for k, v in new_meta.items()), pk="key"
-            )
-            checkpoint("sqlite-commit")
-        self.meta = new_meta
-        self._remove_stale_vector_files(generation)
-        return generation
+        **options: Any,
+    ) -> Committed:
+        """:meth:`next_generation` in one call: add ``records`` (``vectors`` one row per chunk, in
+        record order), drop ``removed``; ``options`` go to :meth:`NextGeneration.commit`."""
+        with self.next_generation(removed, replace) as pending:
+            pending.add(records, vectors)
+            return pending.commit(meta, **options)
 
     def _chunk_ids_of(self, document_ids: Sequence[int]) -> np.ndarray:
         found: list[int] = []
@@ -356,37 +341,26 @@ class IndexWriter:
             found.extend(row[0] for row in rows)
         return np.array(found, dtype=np.int64)
 
-    def _write_vectors(
-        self, generation: int, vectors: np.ndarray, ids: np.ndarray, removed: np.ndarray, replace: bool
-    ) -> None:
-        """The previous generation's vectors minus ``removed`` plus the new ones, as a new file."""
+    def _write_vectors(self, generation: int, vectors: VectorIndex) -> None:
+        """The next generation's FAISS file, fsynced and renamed into place."""
         import faiss
 
-        index = None if replace else self.current_vectors()
-        if index is None:
-            index = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
-        elif len(removed):
-            index.remove_ids(faiss.IDSelectorBatch(removed))
-        if len(ids):
-            index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids)
         final = vectors_file(self.directory, generation)
         partial = final.with_suffix(".faiss.partial")
-        faiss.write_index(index, str(partial))
+        faiss.write_index(vectors.index, str(partial))
         checkpoint("faiss-write")
         _fsync(partial)
         os.replace(partial, final)
         _fsync(self.directory)
         checkpoint("faiss-renamed")
 
-    def current_vectors(self) -> faiss.Index | None:
-        import faiss
-
+    def current_vectors(self) -> VectorIndex | None:
         if not self.meta.get("generation"):
             return None
-        path = vectors_file(self.directory, self.meta["generation"])
         try:
-            return faiss.read_index(str(path))
+            return _read_vectors(self.directory, self.db, self.meta)
         except RuntimeError as error:
+            path = vectors_file(self.directory, self.meta["generation"])
             raise RagidxError(
                 f"vector file {path} is unreadable ({str(error).splitlines()[0]}); "
                 "run `ragidx check --repair` or build with --rebuild"
@@ -398,6 +372,97 @@ class IndexWriter:
         for path in self.directory.glob("vectors-*.faiss*"):
             if path.name != current:
                 path.unlink(missing_ok=True)
+
+
+class NextGeneration:
+    """A generation being written; see :meth:`IndexWriter.next_generation`."""
+
+    def __init__(self, writer: IndexWriter, removed: Sequence[int], replace: bool):
+        self.writer = writer
+        self.db = writer.db
+        self.replace = replace
+        self.removed_chunks = writer._chunk_ids_of(removed)  # read before their rows go
+        self.first_id = self.next_id = int(writer.meta.get("next_chunk_id", 1))
+        self.vectors: list[np.ndarray] = []
+        self.now = time.time()
+        self.db.begin()
+        if replace:
+            self.db.execute("delete from chunks")
+            self.db.execute("delete from documents")
+        for batch in in_batches(list(removed)):
+            marks = ",".join("?" for _ in batch)
+            self.db.execute(f"delete from chunks where document_id in ({marks})", batch)
+            self.db.execute(f"delete from documents where id in ({marks})", batch)
+
+    def add(self, records: Sequence[DocumentRecord], vectors: np.ndarray) -> None:
+        """Insert ``records`` and keep their ``vectors`` (one row per chunk, in record order)."""
+        n_chunks = sum(len(r.chunks) for r in records)
+        if vectors.shape[0] != n_chunks:
+            raise ValueError(f"{vectors.shape[0]} vectors for {n_chunks} chunks")
+        for record in records:
+            document_id = self.db["documents"].insert(_document_row(record, self.now)).last_pk
+            first = self.next_id
+            self.db["chunks"].insert_all(
+                _chunk_row(chunk, document_id, first + offset) for offset, chunk in enumerate(record.chunks)
+            )
+            self.next_id += len(record.chunks)
+        if n_chunks:
+            self.vectors.append(np.asarray(vectors, dtype=np.float32))
+
+    def commit(
+        self,
+        meta: dict[str, Any],
+        drop_vectors: np.ndarray | None = None,
+        fresh_vectors: bool = False,
+        vector_index: VectorIndexSettings | None = None,
+    ) -> Committed:
+        """Write the vector file (previous vectors minus the removed plus the added), then commit.
+
+        ``vector_index`` is the index type and parameters asked for (default: the index's own).
+        For repairs: ``drop_vectors`` are ids to remove from the vectors alone, and
+        ``fresh_vectors`` starts from no vectors instead of the current (unreadable) file.
+        Chunk ids are never reused, so a reader holding the previous generation's vectors can
+        never be joined to a different chunk's text.
+        """
+        writer = self.writer
+        generation = int(writer.meta.get("generation", 0)) + 1
+        removed = self.removed_chunks
+        if drop_vectors is not None:
+            removed = np.concatenate([removed, drop_vectors])
+        current = None if self.replace or fresh_vectors else writer.current_vectors()
+        requested = vector_index or VectorIndexSettings.from_meta(writer.meta)
+        added = (
+            np.concatenate(self.vectors)
+            if self.vectors
+            else np.zeros((0, int(meta.get("dimension") or 0)), np.float32)
+        )
+        self.vectors = []
+        ids = np.arange(self.first_id, self.next_id, dtype=np.int64)
+        updated = update(current, requested, added, ids, removed)
+        del added
+        writer._write_vectors(generation, updated.vectors)
+        self.db.execute("delete from tombstones")
+        self.db.conn.executemany(
+            "insert into tombstones (chunk_id) values (?)", ((int(i),) for i in updated.vectors.tombstones)
+        )
+        stamp = datetime.datetime.fromtimestamp(self.now, datetime.timezone.utc).isoformat(timespec="seconds")
+        new_meta = {
+            **meta,
+            "schema_version": SCHEMA_VERSION,
+            "generation": generation,
+            "next_chunk_id": self.next_id,
+            "vector_index": updated.vectors.settings.to_meta(),
+            "updated_at": stamp,
+        }
+        new_meta.setdefault("created_at", writer.meta.get("created_at", stamp))
+        self.db["meta"].upsert_all(
+            ({"key": k, "value": json.dumps(v)} for k, v in new_meta.items()), pk="key"
+        )
+        checkpoint("sqlite-commit")
+        self.db.commit()
+        writer.meta = new_meta
+        writer._remove_stale_vector_files(generation)
+        return Committed(generation, updated.vectors.settings, updated.rebuilt)
 
 
 SQL_BATCH = 500  # ids per "in (...)" list, well under SQLite's parameter limit

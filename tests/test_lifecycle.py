@@ -127,6 +127,46 @@ def test_rm_removes_documents_from_every_search(workspace):
     )
 
 
+def live_vectors(index: Path) -> dict[int, np.ndarray]:
+    """Chunk id -> stored vector of every chunk, through the index's own reader."""
+    from ragidx.indexer.store import IndexReader
+    from ragidx.indexer.vector_index import live_vectors as live
+
+    reader = IndexReader(index)
+    ids, vectors = live(reader.load_vectors())
+    reader.close()
+    return dict(zip(ids.tolist(), vectors, strict=True))
+
+
+def test_index_types_convert_without_the_model_and_delete_per_type(workspace):
+    corpus, index = workspace
+    before, hits = live_vectors(index), search_all(index, QUERIES)
+    no_model = {"RAGIDX_MODEL": "/no/such/model"}
+    for kind in ("hnsw", "ivf", "flat"):
+        out = ragidx("build", corpus, "--index", index, "--index-type", kind, "--json", env=no_model).stdout
+        summary = json.loads(out)
+        assert summary["vector_index"]["kind"] == kind and summary["vector_index_rebuilt"].startswith(
+            "index type"
+        )
+        assert summary["unchanged"] == 13 and summary["chunks"] == 0  # nothing re-embedded
+        after = live_vectors(index)
+        assert after.keys() == before.keys()
+        assert all(np.array_equal(after[i], before[i]) for i in before)
+        assert search_all(index, QUERIES) == hits  # a few dozen chunks: efSearch and IVF's one list see all
+    ragidx("build", corpus, "--index", index, "--index-type", "hnsw", "--ef-search", "7", env=no_model)
+    assert json.loads(ragidx("info", "--index", index, "--json").stdout)["vector_index"]["ef_search"] == 7
+    out = ragidx("rm", corpus / "faq" / "warranty.md", "--index", index).stdout
+    assert "1 documents removed" in out
+    with sqlite3.connect(index / "ragidx.db") as db:
+        tombstones = {row[0] for row in db.execute("select chunk_id from tombstones")}
+    assert tombstones and tombstones == before.keys() - live_vectors(index).keys()
+    assert ragidx("check", "--index", index).stdout.strip().endswith(": ok")
+    args = ("query", "warranty", "--index", index, "--mode", "dense", "--json", "-k", "1000")
+    for tuning in ((), ("--ef-search", "1"), ("--ef-search", "500")):
+        found = {h["chunk_id"] for h in json.loads(ragidx(*args, *tuning).stdout)}
+        assert found == before.keys() - tombstones  # k above the chunk count: all live chunks
+
+
 def test_check_finds_and_repairs_damage(workspace, tiny_models):
     import faiss
 
@@ -232,5 +272,7 @@ def test_queries_during_a_build_see_the_last_committed_generation(workspace, tin
         writer.wait(timeout=300)
     assert writer.returncode == 0, writer.stderr.read()
     new = search_all(index, QUERIES)
-    assert seen and all(result in (old, new) for result in seen)
+    # each search reads one committed generation (the build may commit between two queries)
+    per_query = [result for results in seen for result in zip(results, old, new, strict=True)]
+    assert seen and all(result in (before, after) for result, before, after in per_query)
     assert seen[0] == old

@@ -27,7 +27,8 @@ def vectors(n: int, seed: int) -> np.ndarray:
 
 def commit(directory, records, vecs):
     with IndexWriter(directory) as writer:
-        return writer.replace_all(records, vecs, {"model": "m", "strategy": "mean", "strategy_params": {}})
+        meta = {"model": "m", "strategy": "mean", "strategy_params": {}}
+        return writer.commit(records, vecs, meta, replace=True).generation
 
 
 def test_generations_ids_and_stale_files(tmp_path):

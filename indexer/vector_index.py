@@ -1,0 +1,320 @@
+"""The FAISS structure behind a generation: exact (flat), HNSW graph, or inverted lists (IVF).
+
+Each type stores the full float32 vectors, so any index can be rebuilt as any other type
+without re-embedding. Deletions differ by type: flat and IVF remove vectors in place; an HNSW
+graph cannot drop nodes, so deleted ids become *tombstones* (kept in SQLite, excluded at search
+time by an ``IDSelectorNot``) and the graph is rebuilt from the live vectors once tombstones pass
+:data:`HNSW_REBUILD_FRACTION` of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from ragidx.indexer.errors import RagidxError
+
+if TYPE_CHECKING:
+    import faiss
+
+INDEX_TYPES = ("auto", "flat", "hnsw", "ivf")
+# Chosen by tests/benchmarks/vector_index.py on 2 cores, 896-d: exact search of 100k vectors
+# takes ~10 ms per query; above that the ANN type answers in about a millisecond.
+FLAT_LIMIT = 100_000
+AUTO_ANN_TYPE = "hnsw"
+HNSW_REBUILD_FRACTION = 0.2  # tombstones / graph size that triggers a rebuild from live vectors
+IVF_RETRAIN_GROWTH = 4.0  # retrain (and resize nlist) when the index grew or shrank this much
+IVF_TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: enough for good lists, fast on 2 cores
+IVF_MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training points per list
+EXACT_FILTER_LIMIT = 4096  # filtered searches over at most this many chunks are done exactly
+
+
+@dataclass(frozen=True)
+class VectorIndexSettings:
+    """How the vectors are indexed; ``requested`` is what the user asked for (``auto`` or a type),
+    ``kind`` what it resolved to. ``ef_search``/``nprobe`` are defaults a query may override."""
+
+    requested: str = "auto"
+    kind: str = "flat"
+    hnsw_m: int = 32
+    ef_construction: int = 80
+    ef_search: int = 64
+    nlist: int = 0  # IVF lists asked for; 0 = about sqrt(N)
+    nprobe: int = 16
+    ivf_lists: int = 0  # IVF lists in use, and the vector count they were trained on
+    trained_on: int = 0
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> VectorIndexSettings:
+        """The index's stored settings (``auto`` for indexes from before index types: they are flat)."""
+        return cls(**meta.get("vector_index", {}))
+
+    def to_meta(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_overrides(self, **overrides: Any) -> VectorIndexSettings:
+        """These settings with the given (not None) options replaced, after validating them."""
+        given = {key: value for key, value in overrides.items() if value is not None}
+        if given.get("requested", self.requested) not in INDEX_TYPES:
+            raise RagidxError(
+                f"unknown index type {given['requested']!r}: choose one of {', '.join(INDEX_TYPES)}"
+            )
+        for key, value in given.items():
+            if key != "requested" and (not isinstance(value, int) or value < (0 if key == "nlist" else 1)):
+                raise RagidxError(f"{key.replace('_', '-')} must be a positive integer, got {value!r}")
+        return replace(self, **given)
+
+    def describe(self) -> str:
+        """One line for ``build`` and ``info``, e.g. ``hnsw (M 32, efConstruction 80, efSearch 64; auto)``."""
+        details = {
+            "flat": "exact",
+            "hnsw": f"M {self.hnsw_m}, efConstruction {self.ef_construction}, efSearch {self.ef_search}",
+            "ivf": f"{self.ivf_lists} lists trained on {self.trained_on} vectors, nprobe {self.nprobe}",
+        }[self.kind]
+        chosen = f"; auto, exact up to {FLAT_LIMIT} vectors" if self.requested == "auto" else ""
+        return f"{self.kind} ({details}{chosen})"
+
+    def resolved_kind(self, n_vectors: int) -> str:
+        """``auto``: exact up to :data:`FLAT_LIMIT` vectors, HNSW above; a shrinking ANN index
+        goes back to flat only below half the limit, so sizes near it do not flip every build."""
+        if self.requested != "auto":
+            return self.requested
+        if self.kind != "flat" and n_vectors >= FLAT_LIMIT // 2:
+            return self.kind
+        return "flat" if n_vectors <= FLAT_LIMIT else AUTO_ANN_TYPE
+
+
+def default_nlist(n_vectors: int) -> int:
+    """About √N lists (a power of two), so a probe scans ~√N vectors; at least 1."""
+    return max(1, 2 ** round(math.log2(max(1.0, math.sqrt(n_vectors)))))
+
+
+@dataclass
+class VectorIndex:
+    """A loaded FAISS index with its settings and the ids it must not return (HNSW tombstones)."""
+
+    index: faiss.Index
+    settings: VectorIndexSettings
+    tombstones: np.ndarray
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    @property
+    def live_count(self) -> int:
+        return self.ntotal - len(self.tombstones)
+
+    def search(
+        self,
+        queries: np.ndarray,
+        limit: int,
+        allowed: np.ndarray | None = None,
+        ef_search: int | None = None,
+        nprobe: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Inner-product scores and ids, best first (-1 ids pad rows with fewer hits).
+
+        ``allowed`` (ascending chunk ids) restricts the search; a small allowed set, or an ANN
+        search that found fewer than ``limit`` of them, is answered exactly from the stored
+        vectors, so a filter never costs results.
+        """
+        pool = min(self.live_count, self.live_count if allowed is None else len(allowed))
+        if pool == 0:
+            empty = np.zeros((len(queries), 0))
+            return empty.astype(np.float32), empty.astype(np.int64)
+        limit = min(limit, pool)
+        if allowed is not None and self.settings.kind != "flat" and len(allowed) <= EXACT_FILTER_LIMIT:
+            return exact_among(self.index, queries, allowed, limit)
+        params = self._parameters(limit, allowed, ef_search, nprobe)
+        scores, ids = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), limit, params=params)
+        if allowed is not None and self.settings.kind != "flat" and (ids < 0).any():
+            return exact_among(self.index, queries, allowed, limit)
+        return scores, ids
+
+    def _parameters(
+        self, limit: int, allowed: np.ndarray | None, ef_search: int | None, nprobe: int | None
+    ) -> faiss.SearchParameters | None:
+        import faiss
+
+        if allowed is not None:
+            selector = faiss.IDSelectorBatch(allowed)  # chunk ids: tombstones are never among them
+        elif len(self.tombstones):
+            selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(self.tombstones))
+        else:
+            selector = None
+        if self.settings.kind == "hnsw":
+            ef = max(ef_search or self.settings.ef_search, limit)
+            params = faiss.SearchParametersHNSW(efSearch=ef)
+        elif self.settings.kind == "ivf":
+            params = faiss.SearchParametersIVF(
+                nprobe=min(nprobe or self.settings.nprobe, self.settings.ivf_lists)
+            )
+        else:
+            params = faiss.SearchParameters()
+        if selector is not None:
+            params.sel = selector
+            params._selector = selector  # the parameters object does not keep its selector alive
+        return params
+
+
+def exact_among(
+    index: faiss.Index, queries: np.ndarray, allowed: np.ndarray, limit: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product top ``limit`` among the ``allowed`` ids' stored vectors."""
+    vectors = index.reconstruct_batch(np.ascontiguousarray(allowed, dtype=np.int64))
+    scores = np.asarray(queries, dtype=np.float32) @ vectors.T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :limit]
+    return np.take_along_axis(scores, order, axis=1), allowed[order]
+
+
+def stored_ids(index: faiss.Index) -> np.ndarray:
+    """Every id the FAISS index holds (tombstoned ones included), ascending."""
+    import faiss
+
+    if isinstance(index, faiss.IndexIDMap2):
+        return np.sort(faiss.vector_to_array(index.id_map))
+    ivf = faiss.extract_index_ivf(index)
+    found = [list_ids(ivf.invlists, list_no) for list_no in range(ivf.nlist)]
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+
+def list_ids(lists: faiss.InvertedLists, list_no: int) -> np.ndarray:
+    """The ids stored in one IVF list."""
+    import faiss
+
+    size = lists.list_size(list_no)
+    return faiss.rev_swig_ptr(lists.get_ids(list_no), size).copy() if size else np.zeros(0, dtype=np.int64)
+
+
+def live_vectors(vectors: VectorIndex) -> tuple[np.ndarray, np.ndarray]:
+    """Ids (ascending) and vectors of everything but tombstones, to rebuild from."""
+    ids = np.setdiff1d(stored_ids(vectors.index), vectors.tombstones, assume_unique=True)
+    if not len(ids):
+        return ids, np.zeros((0, vectors.index.d), dtype=np.float32)
+    return ids, vectors.index.reconstruct_batch(ids)
+
+
+def create_index(settings: VectorIndexSettings, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
+    """A new index of ``settings.kind`` holding ``vectors`` under ``ids`` (IVF trains on them)."""
+    import faiss
+
+    dimension = vectors.shape[1]
+    if settings.kind == "ivf":
+        index = faiss.IndexIVFFlat(
+            faiss.IndexFlatIP(dimension), dimension, settings.ivf_lists, faiss.METRIC_INNER_PRODUCT
+        )
+        index.cp.max_points_per_centroid = IVF_TRAIN_POINTS_PER_LIST
+        if len(vectors):
+            index.train(np.ascontiguousarray(vectors, dtype=np.float32))
+        index.set_direct_map_type(faiss.DirectMap.Hashtable)
+    elif settings.kind == "hnsw":
+        graph = faiss.IndexHNSWFlat(dimension, settings.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        graph.hnsw.efConstruction = settings.ef_construction
+        index = faiss.IndexIDMap2(graph)
+    else:
+        index = faiss.IndexIDMap2(faiss.IndexFlatIP(dimension))
+    add(index, vectors, ids)
+    return index
+
+
+def add(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray) -> None:
+    if len(ids):
+        index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids.astype(np.int64))
+
+
+def remove(vectors: VectorIndex, ids: np.ndarray) -> None:
+    """Delete ``ids`` in place (flat, IVF) or tombstone them (HNSW)."""
+    import faiss
+
+    present = np.intersect1d(ids, stored_ids(vectors.index))
+    if not len(present):
+        return
+    if vectors.settings.kind == "hnsw":
+        vectors.tombstones = np.union1d(vectors.tombstones, present)
+    elif vectors.settings.kind == "ivf":
+        vectors.index.remove_ids(faiss.IDSelectorArray(present))  # the only selector a hashtable map takes
+    else:
+        vectors.index.remove_ids(faiss.IDSelectorBatch(present))
+
+
+@dataclass
+class Update:
+    """What a commit did to the vector index, for the build's report."""
+
+    vectors: VectorIndex
+    rebuilt: str = ""  # why the structure was built anew from the stored vectors ("" if not)
+
+
+def update(
+    current: VectorIndex | None,
+    requested: VectorIndexSettings,
+    new_vectors: np.ndarray,
+    new_ids: np.ndarray,
+    removed: np.ndarray,
+) -> Update:
+    """The next generation's vector index: ``current`` minus ``removed`` plus the new vectors,
+    restructured when the type, its build parameters, or its size call for it."""
+    if current is None:
+        settings = _sized(requested, len(new_ids), None)
+        return Update(VectorIndex(create_index(settings, new_vectors, new_ids), settings, _no_ids()))
+    remove(current, removed)
+    total = current.live_count + len(new_ids)
+    settings = _sized(requested, total, current.settings)
+    reason = _rebuild_reason(current, settings, total)
+    if not reason:
+        add(current.index, new_vectors, new_ids)
+        current.settings = settings
+        return Update(current)
+    ids, vectors = live_vectors(current)
+    ids = np.concatenate([ids, new_ids.astype(np.int64)])
+    vectors = np.concatenate([vectors, np.asarray(new_vectors, dtype=np.float32)])
+    return Update(VectorIndex(create_index(settings, vectors, ids), settings, _no_ids()), reason)
+
+
+def _sized(
+    requested: VectorIndexSettings, total: int, previous: VectorIndexSettings | None
+) -> VectorIndexSettings:
+    """Resolve ``auto``, and IVF's list count for ``total`` vectors: kept while the index has not
+    grown or shrunk :data:`IVF_RETRAIN_GROWTH`-fold since training, else chosen anew."""
+    kind = requested.resolved_kind(total)
+    if kind != "ivf":
+        return replace(requested, kind=kind, ivf_lists=0, trained_on=0)
+    if (
+        previous is not None
+        and previous.kind == "ivf"
+        and previous.trained_on
+        and not _ivf_outgrown(previous, total)
+        and requested.nlist in (0, previous.ivf_lists)
+    ):
+        return replace(requested, kind=kind, ivf_lists=previous.ivf_lists, trained_on=previous.trained_on)
+    lists = min(requested.nlist or default_nlist(total), max(1, total // IVF_MIN_POINTS_PER_LIST))
+    return replace(requested, kind=kind, ivf_lists=lists, trained_on=total)
+
+
+def _ivf_outgrown(settings: VectorIndexSettings, total: int) -> bool:
+    trained = max(settings.trained_on, 1)
+    return total > IVF_RETRAIN_GROWTH * trained or total * IVF_RETRAIN_GROWTH < trained
+
+
+def _rebuild_reason(current: VectorIndex, settings: VectorIndexSettings, total: int) -> str:
+    before = current.settings
+    if settings.kind != before.kind:
+        return f"index type {before.kind} -> {settings.kind} at {total} vectors"
+    if settings.kind == "hnsw":
+        if (settings.hnsw_m, settings.ef_construction) != (before.hnsw_m, before.ef_construction):
+            return "new HNSW build parameters"
+        if len(current.tombstones) > HNSW_REBUILD_FRACTION * max(current.ntotal, 1):
+            return f"{len(current.tombstones)} deleted vectors in the HNSW graph"
+    if settings.kind == "ivf" and (
+        (settings.ivf_lists, settings.trained_on) != (before.ivf_lists, before.trained_on)
+        or not current.index.is_trained
+    ):
+        return f"IVF trained with {settings.ivf_lists} lists on {total} vectors"
+    return ""
+
+
+def _no_ids() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
