@@ -112,7 +112,8 @@ def _vector_index_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--index-type",
             type=click.Choice(["auto", "flat", "hnsw", "ivf"]),
             default=None,
-            help="Vector index (default: the index's, else auto: exact up to 100,000 vectors, HNSW above).",
+            help="Vector index (default: the index's, else auto: exact up to 128 MiB of vectors, e.g. "
+            "37k at 896-d, HNSW above).",
         ),
         click.option("--hnsw-m", type=click.IntRange(min=2), default=None, help="HNSW: links per node (32)."),
         click.option(

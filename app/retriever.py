@@ -108,6 +108,12 @@ class Index:
         if any(old.get(key) != self.meta.get(key) for key in MODEL_SETTINGS):
             self._strategy = None
 
+    def _on_gpu(self) -> bool:
+        """Whether this index runs on CUDA (``--device cuda``, or ``auto`` with a GPU present)."""
+        from ragidx.indexer.runtime import resolve_device
+
+        return resolve_device(self.device) == "cuda"
+
     @property
     def strategy(self) -> Strategy:
         if self._strategy is None:
@@ -190,6 +196,8 @@ class Index:
                     self._vectors = self.reader.load_vectors()
                     if self._vectors is None:
                         continue  # this generation's file is already gone: a newer snapshot has its own
+                    if self._on_gpu():
+                        self._vectors.use_gpu()
                 return self._search_snapshot(queries, k, mode, chosen, min_score, tuning)
         raise RagidxError("the index changed during every attempt to read it; try again")
 

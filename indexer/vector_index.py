@@ -10,7 +10,7 @@ time by an ``IDSelectorNot``) and the graph is rebuilt from the live vectors onc
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     import faiss
 
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf")
-# Chosen by tests/benchmarks/vector_index.py on 2 cores, 896-d: exact search of 100k vectors
-# takes ~10 ms per query; above that the ANN type answers in about a millisecond.
-FLAT_LIMIT = 100_000
+# Exact search reads every vector for each query, so its latency follows the bytes scanned:
+# tests/benchmarks/vector_index.py on 2 cores measured 5.2 ms for 25k and 14 ms for 50k 896-d
+# vectors (90-180 MB). 128 MiB keeps it near 10 ms: 37k vectors at 896-d, 87k at 384-d.
+FLAT_SCAN_BYTES = 128 * 2**20
 AUTO_ANN_TYPE = "hnsw"
 HNSW_REBUILD_FRACTION = 0.2  # tombstones / graph size that triggers a rebuild from live vectors
 IVF_RETRAIN_GROWTH = 4.0  # retrain (and resize nlist) when the index grew or shrank this much
@@ -73,17 +74,23 @@ class VectorIndexSettings:
             "hnsw": f"M {self.hnsw_m}, efConstruction {self.ef_construction}, efSearch {self.ef_search}",
             "ivf": f"{self.ivf_lists} lists trained on {self.trained_on} vectors, nprobe {self.nprobe}",
         }[self.kind]
-        chosen = f"; auto, exact up to {FLAT_LIMIT} vectors" if self.requested == "auto" else ""
+        chosen = "; auto" if self.requested == "auto" else ""
         return f"{self.kind} ({details}{chosen})"
 
-    def resolved_kind(self, n_vectors: int) -> str:
-        """``auto``: exact up to :data:`FLAT_LIMIT` vectors, HNSW above; a shrinking ANN index
-        goes back to flat only below half the limit, so sizes near it do not flip every build."""
+    def resolved_kind(self, n_vectors: int, dimension: int) -> str:
+        """``auto``: exact up to :func:`flat_limit` vectors, :data:`AUTO_ANN_TYPE` above; a shrinking
+        ANN index goes back to flat only below half the limit, so sizes near it do not flip."""
         if self.requested != "auto":
             return self.requested
-        if self.kind != "flat" and n_vectors >= FLAT_LIMIT // 2:
+        limit = flat_limit(dimension)
+        if self.kind != "flat" and n_vectors >= limit // 2:
             return self.kind
-        return "flat" if n_vectors <= FLAT_LIMIT else AUTO_ANN_TYPE
+        return "flat" if n_vectors <= limit else AUTO_ANN_TYPE
+
+
+def flat_limit(dimension: int) -> int:
+    """The most vectors ``auto`` searches exactly: :data:`FLAT_SCAN_BYTES` of float32 rows."""
+    return FLAT_SCAN_BYTES // (4 * max(dimension, 1))
 
 
 def default_nlist(n_vectors: int) -> int:
@@ -98,6 +105,24 @@ class VectorIndex:
     index: faiss.Index
     settings: VectorIndexSettings
     tombstones: np.ndarray
+    gpu: Any = field(default=None, repr=False)  # a GPU copy of a flat index (see use_gpu)
+
+    def use_gpu(self) -> bool:
+        """Search a flat index on the GPU from now on (needs faiss built with CUDA: ``ragidx[gpu]``).
+
+        Only unfiltered exact search moves: filtered searches keep using the CPU index, whose
+        id selectors the GPU copy lacks. False (and nothing changes) when no GPU can be used.
+        """
+        import faiss
+
+        if self.settings.kind != "flat" or not hasattr(faiss, "StandardGpuResources"):
+            return False
+        if faiss.get_num_gpus() < 1:
+            return False
+        resources = faiss.StandardGpuResources()
+        flat = faiss.index_cpu_to_gpu(resources, 0, faiss.downcast_index(self.index.index))
+        self.gpu = (resources, flat, faiss.vector_to_array(self.index.id_map))
+        return True
 
     @property
     def ntotal(self) -> int:
@@ -128,6 +153,10 @@ class VectorIndex:
         limit = min(limit, pool)
         if allowed is not None and self.settings.kind != "flat" and len(allowed) <= EXACT_FILTER_LIMIT:
             return exact_among(self.index, queries, allowed, limit)
+        if self.gpu is not None and allowed is None:
+            _, flat, row_ids = self.gpu
+            scores, rows = flat.search(np.ascontiguousarray(queries, dtype=np.float32), limit)
+            return scores, np.where(rows >= 0, row_ids[np.maximum(rows, 0)], -1)
         params = self._parameters(limit, allowed, ef_search, nprobe)
         scores, ids = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), limit, params=params)
         if allowed is not None and self.settings.kind != "flat" and (ids < 0).any():
@@ -258,11 +287,11 @@ def update(
     """The next generation's vector index: ``current`` minus ``removed`` plus the new vectors,
     restructured when the type, its build parameters, or its size call for it."""
     if current is None:
-        settings = _sized(requested, len(new_ids), None)
+        settings = _sized(requested, len(new_ids), new_vectors.shape[1], None)
         return Update(VectorIndex(create_index(settings, new_vectors, new_ids), settings, _no_ids()))
     remove(current, removed)
     total = current.live_count + len(new_ids)
-    settings = _sized(requested, total, current.settings)
+    settings = _sized(requested, total, current.index.d, current.settings)
     reason = _rebuild_reason(current, settings, total)
     if not reason:
         add(current.index, new_vectors, new_ids)
@@ -275,11 +304,11 @@ def update(
 
 
 def _sized(
-    requested: VectorIndexSettings, total: int, previous: VectorIndexSettings | None
+    requested: VectorIndexSettings, total: int, dimension: int, previous: VectorIndexSettings | None
 ) -> VectorIndexSettings:
     """Resolve ``auto``, and IVF's list count for ``total`` vectors: kept while the index has not
     grown or shrunk :data:`IVF_RETRAIN_GROWTH`-fold since training, else chosen anew."""
-    kind = requested.resolved_kind(total)
+    kind = requested.resolved_kind(total, dimension)
     if kind != "ivf":
         return replace(requested, kind=kind, ivf_lists=0, trained_on=0)
     if (

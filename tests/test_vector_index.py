@@ -134,7 +134,7 @@ def test_a_filter_that_ann_misses_falls_back_to_exact(monkeypatch):
 
 
 def test_auto_switches_type_by_size_with_hysteresis(monkeypatch):
-    monkeypatch.setattr(vector_index, "FLAT_LIMIT", 1000)
+    monkeypatch.setattr(vector_index, "FLAT_SCAN_BYTES", 1000 * 4 * DIMENSION)  # 1000 vectors
     auto = VectorIndexSettings()
     first = update(None, auto, VECTORS[:900], IDS[:900], np.zeros(0))
     assert first.vectors.settings.kind == "flat"
@@ -167,6 +167,7 @@ def test_settings_validate_and_describe():
     with pytest.raises(RagidxError, match="ef-search must be a positive integer"):
         VectorIndexSettings().with_overrides(ef_search=0)
     assert VectorIndexSettings.from_meta({}).requested == "auto"
+    assert vector_index.flat_limit(896) == 37449 and vector_index.flat_limit(384) == 87381
     described = built("hnsw").settings.describe()
     assert described == "hnsw (M 32, efConstruction 80, efSearch 64)"
 

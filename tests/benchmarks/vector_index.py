@@ -8,7 +8,7 @@ cluster, ~0 across). Queries are fresh points from the same clusters, so their t
 near-ties inside one cluster and an ANN index must rank them, not just find the cluster.
 Recall@10 is measured against exact inner-product search. Indexes are built and searched through
 ``ragidx.indexer.vector_index`` (the code path `ragidx build` and `ragidx query` use), one query
-per call, as a server answers them. The flat sweep gives the latency that sets FLAT_LIMIT.
+per call, as a server answers them. The flat sweep gives the latency that sets FLAT_SCAN_BYTES.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def ann_rows(
     import faiss
     from ragidx.indexer.vector_index import VectorIndex, VectorIndexSettings, _sized, create_index
 
-    settings = _sized(VectorIndexSettings(requested=kind), len(vectors), None)
+    settings = _sized(VectorIndexSettings(requested=kind), len(vectors), vectors.shape[1], None)
     before = rss_mb()
     started = time.perf_counter()
     index = VectorIndex(
