@@ -30,6 +30,7 @@ IVF_RETRAIN_GROWTH = 4.0  # retrain (and resize nlist) when the index grew or sh
 IVF_TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: enough for good lists, fast on 2 cores
 IVF_MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training points per list
 EXACT_FILTER_LIMIT = 4096  # filtered searches over at most this many chunks are done exactly
+EXACT_BLOCK = 16_384  # stored vectors read at once by an exact search among allowed ids
 
 
 @dataclass(frozen=True)
@@ -192,11 +193,18 @@ class VectorIndex:
 def exact_among(
     index: faiss.Index, queries: np.ndarray, allowed: np.ndarray, limit: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact inner-product top ``limit`` among the ``allowed`` ids' stored vectors."""
-    vectors = index.reconstruct_batch(np.ascontiguousarray(allowed, dtype=np.int64))
-    scores = np.asarray(queries, dtype=np.float32) @ vectors.T
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :limit]
-    return np.take_along_axis(scores, order, axis=1), allowed[order]
+    """Exact inner-product top ``limit`` among the ``allowed`` ids' stored vectors, read
+    :data:`EXACT_BLOCK` at a time so a large allowed set never sits in memory at once."""
+    queries = np.asarray(queries, dtype=np.float32)
+    best_scores = np.full((len(queries), 0), -np.inf, dtype=np.float32)
+    best_ids = np.zeros((len(queries), 0), dtype=np.int64)
+    for start in range(0, len(allowed), EXACT_BLOCK):
+        block = np.ascontiguousarray(allowed[start : start + EXACT_BLOCK], dtype=np.int64)
+        scores = np.concatenate([best_scores, queries @ index.reconstruct_batch(block).T], axis=1)
+        ids = np.concatenate([best_ids, np.broadcast_to(block, (len(queries), len(block)))], axis=1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :limit]
+        best_scores, best_ids = np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
+    return best_scores, best_ids
 
 
 def stored_ids(index: faiss.Index) -> np.ndarray:

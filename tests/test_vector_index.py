@@ -126,6 +126,7 @@ def test_filtered_search_is_exact_among_the_allowed(kind):
 def test_a_filter_that_ann_misses_falls_back_to_exact(monkeypatch):
     """IVF with nprobe=1 cannot reach allowed ids outside the probed list: the search is redone exactly."""
     monkeypatch.setattr(vector_index, "EXACT_FILTER_LIMIT", 1)
+    monkeypatch.setattr(vector_index, "EXACT_BLOCK", 7)  # the exact pass keeps a running top k
     vectors = built("ivf", nprobe=1)
     allowed = IDS[::50]
     ids = vectors.search(QUERIES, 10, allowed=allowed)[1]
