@@ -85,6 +85,31 @@ def test_incremental_build_embeds_only_what_changed(workspace, tiny_models, tmp_
     assert json.loads(lexical)[0]["path"].endswith("shipping.txt")
 
 
+def test_a_build_streams_groups_and_skips_files_unreadable_on_the_second_read(
+    built, tiny_models, tmp_path, monkeypatch
+):
+    """Groups of 2 chunks go to the store one at a time and give the same vectors as the fixture's
+    one-process build; a file that cannot be read again after the scan is skipped and reported."""
+    from ragidx.indexer import pipeline
+    from ragidx.indexer.sources import SkippedFile
+
+    monkeypatch.setattr(pipeline, "EMBED_SLICE", 2)
+    reread = pipeline.read_document
+    lost = built / "corpus" / "notes" / "tides.md"
+
+    def read_again(path: Path):
+        return SkippedFile(str(path), "unreadable: gone") if path == lost else reread(path)
+
+    monkeypatch.setattr(pipeline, "read_document", read_again)
+    options = pipeline.build_options(tmp_path / "index", model=str(tiny_models["qwen2"]), progress=False)
+    report = pipeline.build([built / "corpus"], options)
+    assert report.skipped == [SkippedFile(str(lost), "unreadable: gone")] and report.total_documents == 12
+    streamed, whole = stored_vectors(tmp_path / "index"), stored_vectors(built / "index")
+    assert streamed.keys() == {key for key in whole if key[0] != str(lost)}
+    for key, (_, vector) in streamed.items():
+        np.testing.assert_allclose(vector, whole[key][1], atol=1e-5)
+
+
 def test_an_unchanged_rebuild_does_not_load_the_model_or_commit(workspace, tiny_models):
     corpus, index = workspace
     started = time.perf_counter()

@@ -63,6 +63,7 @@ def test_search_and_embed_answer_as_the_python_api(client, index):
         "k": 4,
         "mode": "hybrid",
         "filters": {"ext": ["html", "markdown"]},
+        "ef_search": 8,
     }
     got = client.post("/search", json=body)
     assert response_result(got) == search_result(
@@ -85,6 +86,8 @@ def test_search_and_embed_answer_as_the_python_api(client, index):
         ("/search", {"query": ""}, "query: String should have at least 1 character"),
         ("/search", {"query": "   "}, "the query is empty"),
         ("/search", {"query": "x", "top": 3}, "top: Extra inputs are not permitted"),
+        ("/search", {"query": "x", "nprobe": 0}, "nprobe: Input should be greater than or equal to 1"),
+        ("/search", {"query": "x", "ef_search": 10**6}, "ef_search: Input should be less than or equal to"),
         ("/search", {"query": "x", "filters": {"colour": "red"}}, "filters.colour: Extra inputs"),
         ("/search", {"query": "x", "filters": {"meta": {"bad key": "v"}}}, "metadata key"),
         ("/search", {"query": "x", "filters": {"path": "../../etc/passwd"}}, None),
