@@ -177,11 +177,11 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         stored = writer.meta if writer.meta.get("generation") and not options.rebuild else {}
         plan = plan_changes(scanned, writer.documents() if stored else {}, paths)
         vector_index = options.vector_index(writer.meta)
+        restructure = bool(stored) and vector_index != VectorIndexSettings.from_meta(stored)
         if stored and not plan.to_embed and not _changes_settings(options, stored):
-            changed = plan.stale or vector_index != VectorIndexSettings.from_meta(stored)
             committed = (
                 writer.commit([], _no_vectors(stored), stored, plan.stale, vector_index=vector_index)
-                if changed
+                if plan.stale or restructure
                 else None
             )
             return _report(options, writer, plan, scanned.skipped, started, stored, committed)
@@ -203,7 +203,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             "chunker": chunker.settings,
         }
         _refuse_incompatible(stored, settings)
-        if stored and not plan.changes_anything and vector_index == VectorIndexSettings.from_meta(stored):
+        if stored and not plan.changes_anything and not restructure:
             return _report(options, writer, plan, scanned.skipped, started, stored, None)
         with writer.next_generation(plan.stale, replace=not stored) as pending:
             embedded = _embed_documents(plan.to_embed, chunker, strategy, pending, options.progress)

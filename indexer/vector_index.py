@@ -147,12 +147,13 @@ class VectorIndex:
         search that found fewer than ``limit`` of them, is answered exactly from the stored
         vectors, so a filter never costs results.
         """
-        pool = min(self.live_count, self.live_count if allowed is None else len(allowed))
+        pool = self.live_count if allowed is None else min(self.live_count, len(allowed))
         if pool == 0:
             empty = np.zeros((len(queries), 0))
             return empty.astype(np.float32), empty.astype(np.int64)
         limit = min(limit, pool)
-        if allowed is not None and self.settings.kind != "flat" and len(allowed) <= EXACT_FILTER_LIMIT:
+        approximate_filter = allowed is not None and self.settings.kind != "flat"
+        if approximate_filter and len(allowed) <= EXACT_FILTER_LIMIT:
             return exact_among(self.index, queries, allowed, limit)
         if self.gpu is not None and allowed is None:
             _, flat, row_ids = self.gpu
@@ -160,13 +161,13 @@ class VectorIndex:
             return scores, np.where(rows >= 0, row_ids[np.maximum(rows, 0)], -1)
         params = self._parameters(limit, allowed, ef_search, nprobe)
         scores, ids = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), limit, params=params)
-        if allowed is not None and self.settings.kind != "flat" and (ids < 0).any():
+        if approximate_filter and (ids < 0).any():
             return exact_among(self.index, queries, allowed, limit)
         return scores, ids
 
     def _parameters(
         self, limit: int, allowed: np.ndarray | None, ef_search: int | None, nprobe: int | None
-    ) -> faiss.SearchParameters | None:
+    ) -> faiss.SearchParameters:
         import faiss
 
         if allowed is not None:

@@ -28,17 +28,15 @@ POINTS_PER_CLUSTER = 100
 BLOCK = 50_000
 
 
-SPREAD = 1.0  # noise norm / centre norm; --spread changes it
-
-
-def clustered(n: int, n_clusters: int, seed: int) -> np.ndarray:
-    """``n`` unit vectors around ``n_clusters`` centres (centres fixed by seed 0)."""
+def clustered(n: int, n_clusters: int, seed: int, spread: float = 1.0) -> np.ndarray:
+    """``n`` unit vectors around ``n_clusters`` centres (centres fixed by seed 0); ``spread`` is
+    the noise's norm relative to a centre's."""
     centres = np.random.default_rng(0).standard_normal((n_clusters, DIMENSION), dtype=np.float32)
     rng = np.random.default_rng(seed)
     out = np.empty((n, DIMENSION), dtype=np.float32)
     for start in range(0, n, BLOCK):
         rows = min(BLOCK, n - start)
-        block = centres[rng.integers(0, n_clusters, rows)] + SPREAD * rng.standard_normal(
+        block = centres[rng.integers(0, n_clusters, rows)] + spread * rng.standard_normal(
             (rows, DIMENSION), dtype=np.float32
         )
         out[start : start + rows] = block / np.linalg.norm(block, axis=1, keepdims=True)
@@ -71,15 +69,19 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def flat_sweep(sizes: list[int], queries: np.ndarray) -> list[dict]:
-    from ragidx.indexer.vector_index import VectorIndex, VectorIndexSettings, create_index
+def built(kind: str, vectors: np.ndarray):
+    """A vector index of ``kind`` over ``vectors``, made as a build's first commit makes it."""
+    from ragidx.indexer.vector_index import VectorIndexSettings, update
 
+    ids = np.arange(len(vectors), dtype=np.int64)
+    return update(None, VectorIndexSettings(requested=kind), vectors, ids, np.zeros(0, np.int64)).vectors
+
+
+def flat_sweep(sizes: list[int], queries: np.ndarray, spread: float) -> list[dict]:
     rows = []
     for size in sizes:
-        vectors = clustered(size, max(1, size // POINTS_PER_CLUSTER), seed=1)
-        settings = VectorIndexSettings(requested="flat", kind="flat")
-        index = VectorIndex(create_index(settings, vectors, np.arange(size)), settings, np.zeros(0, np.int64))
-        _, times = timed_queries(index, queries[:200], 10)
+        index = built("flat", clustered(size, max(1, size // POINTS_PER_CLUSTER), seed=1, spread=spread))
+        _, times = timed_queries(index, queries, 10)
         rows.append(
             {
                 "type": "flat",
@@ -89,7 +91,7 @@ def flat_sweep(sizes: list[int], queries: np.ndarray) -> list[dict]:
             }
         )
         print(json.dumps(rows[-1]), flush=True)
-        del index, vectors
+        del index
     return rows
 
 
@@ -97,14 +99,11 @@ def ann_rows(
     kind: str, vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray, sweep: list[int]
 ) -> list[dict]:
     import faiss
-    from ragidx.indexer.vector_index import VectorIndex, VectorIndexSettings, _sized, create_index
 
-    settings = _sized(VectorIndexSettings(requested=kind), len(vectors), vectors.shape[1], None)
     before = rss_mb()
     started = time.perf_counter()
-    index = VectorIndex(
-        create_index(settings, vectors, np.arange(len(vectors))), settings, np.zeros(0, np.int64)
-    )
+    index = built(kind, vectors)
+    settings = index.settings
     build_s = time.perf_counter() - started
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "index.faiss")
@@ -139,7 +138,6 @@ def ann_rows(
 
 
 def main() -> None:
-    global SPREAD
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=1000)
@@ -147,24 +145,23 @@ def main() -> None:
     parser.add_argument("--flat-sizes", default="25000,50000,100000,200000,400000")
     parser.add_argument("--ef-search", default="16,32,64,128,256")
     parser.add_argument("--nprobe", default="4,8,16,32,64,128")
-    parser.add_argument("--spread", type=float, default=SPREAD, help="Noise relative to the centres.")
+    parser.add_argument("--spread", type=float, default=1.0, help="Noise relative to the centres.")
     args = parser.parse_args()
     import faiss
 
-    SPREAD = args.spread
     print(
         f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} threads, {os.cpu_count()} cores",
         flush=True,
     )
     n_clusters = max(1, args.n // POINTS_PER_CLUSTER)
-    queries = clustered(args.queries, n_clusters, seed=2)
+    queries = clustered(args.queries, n_clusters, seed=2, spread=args.spread)
     if args.flat_sizes:
-        flat_sweep([int(s) for s in args.flat_sizes.split(",")], clustered(200, 2000, seed=2))
+        flat_sweep([int(s) for s in args.flat_sizes.split(",")], queries[:200], args.spread)
     types = [t for t in args.types.split(",") if t]
     if not types:
         return
     started = time.perf_counter()
-    vectors = clustered(args.n, n_clusters, seed=1)
+    vectors = clustered(args.n, n_clusters, seed=1, spread=args.spread)
     truth = exact_top(vectors, queries, 10)
     print(
         json.dumps({"n": args.n, "exact_ground_truth_s": round(time.perf_counter() - started, 1)}), flush=True
