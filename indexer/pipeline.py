@@ -15,6 +15,7 @@ import numpy as np
 from ragidx import __version__
 from ragidx.indexer.changes import ChangePlan, plan_changes
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.models import check_same_file, resolve_model
 from ragidx.indexer.runtime import default_model, load_runtime
 from ragidx.indexer.sources import SkippedFile, SourceDocument, read_document, scan
 from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration, default_index_dir
@@ -185,18 +186,17 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
                 else None
             )
             return _report(options, writer, plan, scanned.skipped, started, stored, committed)
-        runtime = load_runtime(
-            options.model or stored.get("model") or default_model(),
-            options.device,
-            options.dtype,
-            options.trust_remote_code,
-        )
+        source = resolve_model(options.model or stored.get("model") or default_model())
+        if source.model_id == stored.get("model"):
+            check_same_file(source, stored.get("model_file"))  # before a changed GGUF is converted
+        runtime = load_runtime(source, options.device, options.dtype, options.trust_remote_code)
         name, reason = _choose_strategy(options, stored, runtime, scanned.documents)
         strategy = _create_strategy(name, runtime, options, stored)
         chunker = _create_chunker(runtime, strategy, options, stored)
         settings = {
             "model": runtime.model_id,
             "model_revision": runtime.revision,
+            "model_file": runtime.model_file,
             "model_type": runtime.arch.model_type,
             "strategy": name,
             "strategy_params": strategy.params,
@@ -222,7 +222,7 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
 
 def _changes_settings(options: BuildOptions, stored: dict[str, Any]) -> bool:
     """Whether the options name anything that needs the model to compare with the index's settings."""
-    from ragidx.indexer.runtime import canonical_model_id
+    from ragidx.indexer.models import canonical_model_id
 
     if options.model and canonical_model_id(options.model) != stored.get("model"):
         return True

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.models import ModelSource, resolve_model
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
+DEFAULT_MODEL = "smollm2"
+DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 ENCODER_TYPES = ("bert", "roberta", "xlm-roberta")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -146,11 +147,21 @@ class _StopForward(Exception):
 class ModelRuntime:
     """A loaded model and tokenizer with the forward-pass rules every strategy relies on."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, model_id: str, revision: str | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        model_id: str,
+        revision: str | None = None,
+        folder: str | None = None,
+        model_file: dict[str, Any] | None = None,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.revision = revision
+        self.folder = folder  # the local folder the weights were read from (None: the hub cache)
+        self.model_file = model_file  # a GGUF model's path(s) and SHA-256, stored in the index
         self.arch = architecture_view(model)
         self.layers_run = 0
         self.layers_available = 0
@@ -301,34 +312,10 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return {"cuda": "bfloat16", "mps": "float16"}.get(device, "float32")
 
 
-def canonical_model_id(model: str) -> str:
-    """A local folder as its absolute path (so an index works from any directory), a hub id as given."""
-    path = Path(model).expanduser()
-    return str(path.resolve()) if path.is_dir() else model
-
-
-def _locate_model(model: str) -> str:
-    """Where to load ``model`` from: a checked local folder, or the hub id itself.
-
-    Local folders win; a hub id is looked up in the local cache before the network so that
-    an offline machine fails fast instead of retrying for half a minute.
-    """
-    location = canonical_model_id(model)
-    if Path(location).is_dir():
-        if not (Path(location) / "config.json").is_file():
-            raise RagidxError(
-                f"model folder '{model}' has no config.json: it is not a Hugging Face model folder"
-            )
-        return location
-    if Path(model).expanduser().exists() or model.startswith((".", "/", "~")):
-        raise RagidxError(f"model folder '{model}' does not exist")
-    return model
-
-
 def _not_found(model: str, reason: str) -> RagidxError:
     return RagidxError(
-        f"model '{model}' could not be loaded ({reason}); without hub access, download the model "
-        "elsewhere and pass its folder: --model /path/to/model-folder"
+        f"model '{model}' could not be loaded ({reason}); without hub access, pass a model folder or a "
+        ".gguf file (--model /path/to/model), or a packaged model such as smollm2 (see ragidx models)"
     )
 
 
@@ -336,7 +323,7 @@ def _load_config(location: str, model: str, trust_remote_code: bool) -> Any:
     """Read a model's config from a local folder, the hub cache, or the hub (in that order)."""
     from transformers import AutoConfig
 
-    _quiet_hub_logs()
+    quiet_transformers()
     try:
         return AutoConfig.from_pretrained(
             location, local_files_only=True, trust_remote_code=trust_remote_code
@@ -351,13 +338,15 @@ def _load_config(location: str, model: str, trust_remote_code: bool) -> Any:
 
 
 def load_runtime(
-    model: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False
+    model: str | ModelSource, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False
 ) -> ModelRuntime:
-    """Load tokenizer and base model (no LM head) by hub id or local folder."""
+    """Load tokenizer and base model (no LM head) by short name, GGUF file, local folder or hub id."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    location = _locate_model(model)
+    source = model if isinstance(model, ModelSource) else resolve_model(model)
+    model = source.model_id
+    location = source.loadable()
     config = _load_config(location, model, trust_remote_code)
     if config.model_type not in DECODER_TYPES + ENCODER_TYPES:
         raise unsupported_architecture(config.model_type)
@@ -378,10 +367,13 @@ def load_runtime(
         # Padding is always masked out, so any id will do; EOS is what decoders usually lack a pad for.
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     network_model.to(device).eval().requires_grad_(False)
-    return ModelRuntime(network_model, tokenizer, location, getattr(config, "_commit_hash", None))
+    local = location if Path(location).is_dir() else None
+    model_file = source.gguf.record() if source.gguf else None
+    revision = getattr(config, "_commit_hash", None)
+    return ModelRuntime(network_model, tokenizer, source.model_id, revision, local, model_file)
 
 
-def _quiet_hub_logs() -> None:
+def quiet_transformers() -> None:
     """Hub retries and weight loading print warnings and bars; the user gets one clear line instead."""
     from transformers.utils import logging as transformers_logging
 

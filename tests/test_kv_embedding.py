@@ -174,7 +174,7 @@ def first_sentence_states(runtime, strategy, texts):
     return rows[0][: common - 1], rows[1][: common - 1]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gemma3_text"])
 def test_first_sentence_sees_a_change_in_the_last(arch, runtimes):
     runtime = runtimes[arch]
     texts = [

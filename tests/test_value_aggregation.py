@@ -38,9 +38,17 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
+def rope_theta(config, index: int) -> float:
+    """The RoPE base of layer ``index``: one for the model, or one per layer type (Gemma 3)."""
+    parameters = config.rope_parameters
+    if "rope_theta" not in parameters:
+        parameters = parameters[config.layer_types[index]]
+    return parameters["rope_theta"]
+
+
 def reference(layer: torch.nn.Module, config, index: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Mean value vector, last-token weighted values and their o_proj image, for one sequence x [T, D]."""
-    attn, gemma = layer.self_attn, config.model_type == "gemma2"
+    attn, gemma = layer.self_attn, config.model_type.startswith("gemma")
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     tokens = x.shape[0]
@@ -49,9 +57,9 @@ def reference(layer: torch.nn.Module, config, index: int, x: torch.Tensor) -> di
     k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(tokens, kv_heads, head_dim).transpose(0, 1)
     v_flat = F.linear(h, attn.v_proj.weight, attn.v_proj.bias)
     v = v_flat.view(tokens, kv_heads, head_dim).transpose(0, 1)
-    if config.model_type == "qwen3":
-        q, k = rms_norm(q, attn.q_norm, False), rms_norm(k, attn.k_norm, False)
-    theta = config.rope_parameters["rope_theta"]
+    if config.model_type in ("qwen3", "gemma3_text"):
+        q, k = rms_norm(q, attn.q_norm, gemma), rms_norm(k, attn.k_norm, gemma)
+    theta = rope_theta(config, index)
     q, k = rope(q, theta), rope(k, theta)
     scale = config.query_pre_attn_scalar**-0.5 if gemma else head_dim**-0.5
     last, positions = tokens - 1, torch.arange(tokens)
@@ -62,7 +70,7 @@ def reference(layer: torch.nn.Module, config, index: int, x: torch.Tensor) -> di
     for head in range(heads):
         kv = head // (heads // kv_heads)
         scores = (k[kv] @ q[head, last]) * scale
-        if gemma and config.attn_logit_softcapping:
+        if getattr(config, "attn_logit_softcapping", None):
             scores = torch.tanh(scores / config.attn_logit_softcapping) * config.attn_logit_softcapping
         weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
         outputs.append(weights @ v[kv])
@@ -120,7 +128,7 @@ def test_matches_attention_recomputed_from_weights(arch, name, runtimes, plain_m
         np.testing.assert_allclose(strategy.encode([text])[0], expected, atol=1e-4, err_msg=f"{arch} {name}")
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma2"])
+@pytest.mark.parametrize("arch", ["qwen2", "gemma2", "gemma3_text"])
 def test_other_layers_prompt_and_per_layer_normalisation(arch, runtimes, plain_models):
     strategy = create_strategy(
         "aligned-wva", runtimes[arch], layers="0,2-3", prompt="prompteol", normalize_layers=True

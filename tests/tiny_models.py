@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "sample_corpus"
-DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
+DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 ENCODER = "bert"
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
@@ -54,7 +54,15 @@ def _wrap(tokenizer, template: str | None, max_length: int):
 
 
 def _config(arch: str, vocab_size: int, overrides: dict | None = None):
-    from transformers import BertConfig, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        BertConfig,
+        Gemma2Config,
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     common = dict(
         vocab_size=vocab_size,
@@ -81,6 +89,20 @@ def _config(arch: str, vocab_size: int, overrides: dict | None = None):
         return Qwen3Config(**common, head_dim=16)
     if arch == "gemma2":
         return Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=32)
+    if arch == "gemma3_text":
+        # Interleaved sliding/global layers with their own RoPE bases, q/k norms, and a
+        # query_pre_attn_scalar that differs from head_dim, so a formula that confuses them fails.
+        return Gemma3TextConfig(
+            **common,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=32,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            },
+        )
     if arch == ENCODER:
         return BertConfig(
             vocab_size=vocab_size,

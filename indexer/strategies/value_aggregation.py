@@ -99,8 +99,8 @@ class ValueAggregation(Strategy):
     @property
     def notes(self) -> dict[str, Any]:
         notes = {"layer_source": self.layer_source, "exit_layer": max(self.layers)}
-        if self.runtime.arch.model_type == "gemma2":
-            notes["gemma2_readout"] = "self_attn output before post_attention_layernorm"
+        if self.runtime.arch.model_type.startswith("gemma"):
+            notes["gemma_readout"] = "self_attn output before post_attention_layernorm"
         return notes
 
     @abstractmethod

