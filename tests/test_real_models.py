@@ -62,7 +62,7 @@ def sample_documents():
 def decoder_strategies() -> list[str]:
     from ragidx.indexer.strategies import REGISTRY
 
-    return sorted(name for name, cls in REGISTRY.items() if cls.decoder_only) + ["mean"]
+    return [*sorted(name for name, cls in REGISTRY.items() if cls.decoder_only), "mean"]
 
 
 @pytest.mark.parametrize("name", decoder_strategies())
