@@ -81,6 +81,12 @@ def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--pool", type=click.Choice(["mean", "last"]), default=None, help="tp: readout pooling."
         ),
+        click.option(
+            "--sink",
+            type=click.Choice(["auto", "bos", "eos", "none"]),
+            default=None,
+            help="htp/tp: token put first when the tokenizer adds none (auto: its BOS, else EOS).",
+        ),
         click.option("--icl-demo", default=None, help='prompteol: one demonstration, "SENTENCE=>WORD".'),
         click.option("--aux-prompt", default=None, help="cp: auxiliary template ({text} slot)."),
         click.option("--cp-layer", type=int, default=None, help="cp: intervention layer l."),

@@ -119,12 +119,12 @@ class Index:
         if self._strategy is None:
             from ragidx.indexer.models import check_same_file, resolve_model
             from ragidx.indexer.runtime import load_runtime
-            from ragidx.indexer.strategies import create_strategy
+            from ragidx.indexer.strategies import strategy_from_index
 
             source = resolve_model(self.meta["model"])
             check_same_file(source, self.meta.get("model_file"))
             runtime = load_runtime(source, self.device, self.dtype, self.trust_remote_code)
-            self._strategy = create_strategy(self.meta["strategy"], runtime, **self.meta["strategy_params"])
+            self._strategy = strategy_from_index(self.meta["strategy"], runtime, self.meta["strategy_params"])
         return self._strategy
 
     def check_compatible(self, model: str | None = None, strategy: str | None = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -65,10 +66,12 @@ def converted_folder(gguf: GgufFile) -> Path:
 @contextlib.contextmanager
 def _cache_errors(root: Path) -> Iterator[None]:
     """A cache that cannot be written (read-only, full, not a folder) is one line, not a traceback."""
+    from safetensors import SafetensorError
+
     try:
         yield
-    except OSError as error:
-        reason = error.strerror or str(error)
+    except (OSError, SafetensorError) as error:  # safetensors reports a failed write as its own error
+        reason = getattr(error, "strerror", None) or str(error)
         raise RagidxError(
             f"cannot write the converted model into the cache {root} ({reason}); free space there or "
             "set RAGIDX_CACHE_DIR to a writable folder"
@@ -147,6 +150,19 @@ def _single_file(gguf: GgufFile, scratch: Path) -> Iterator[Path]:
         assembled.unlink()
 
 
+@contextlib.contextmanager
+def _bar_on_terminals_only() -> Iterator[None]:
+    """transformers draws its dequantisation bar with plain tqdm, even into logs and pipes; like
+    ragidx's own bars it shows on a terminal only (``disable=None``)."""
+    from unittest import mock
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_loading
+    from tqdm.auto import tqdm
+
+    with mock.patch.object(gguf_loading, "tqdm", functools.partial(tqdm, disable=None)):
+        yield
+
+
 def _convert(gguf: GgufFile, target: Path) -> None:
     """Dequantise into float32 safetensors plus tokenizer files in ``target``, manifest last."""
     import torch
@@ -155,7 +171,7 @@ def _convert(gguf: GgufFile, target: Path) -> None:
 
     quiet_transformers()
     started = time.perf_counter()
-    with _single_file(gguf, target) as path:
+    with _single_file(gguf, target) as path, _bar_on_terminals_only():
         try:
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
             model = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)

@@ -40,6 +40,7 @@ STRATEGY_OPTIONS = (
     "cp_alpha",
     "output_layer",
     "kv_bias",
+    "sink",
 )
 
 
@@ -264,18 +265,19 @@ def _choose_strategy(
 
 def _create_strategy(name: str, runtime: Any, options: BuildOptions, stored: dict[str, Any]) -> Any:
     """The strategy with the index's stored parameters (same strategy), overridden by those given."""
-    from ragidx.indexer.strategies import BatchSettings, create_strategy
+    from ragidx.indexer.strategies import BatchSettings, create_strategy, strategy_from_index
 
-    params = dict(stored.get("strategy_params", {})) if stored.get("strategy") == name else {}
     given = {
         "document_template": options.document_template,
         "query_template": options.query_template,
         "max_length": options.max_length,
         **options.strategy_options,
     }
-    params.update({key: value for key, value in given.items() if value is not None})
+    given = {key: value for key, value in given.items() if value is not None}
     batch = BatchSettings(max_rows=options.batch_size, max_tokens=options.max_batch_tokens)
-    return create_strategy(name, runtime, batch=batch, **params)
+    if stored.get("strategy") == name:
+        return strategy_from_index(name, runtime, stored.get("strategy_params", {}), batch=batch, **given)
+    return create_strategy(name, runtime, batch=batch, **given)
 
 
 def _create_chunker(runtime: Any, strategy: Any, options: BuildOptions, stored: dict[str, Any]) -> Any:
@@ -335,6 +337,11 @@ def _refuse_incompatible(existing: dict[str, Any], settings: dict[str, Any]) -> 
     """Adding to an index built with other settings needs ``--rebuild``: its vectors would not mix."""
     if not existing:
         return
+    from ragidx.indexer.strategies import strategy_class
+
+    if existing.get("strategy") == settings["strategy"]:
+        upgraded = strategy_class(settings["strategy"]).upgrade_params(existing.get("strategy_params", {}))
+        existing = {**existing, "strategy_params": upgraded}
     differing = [
         key
         for key in ("model", "strategy", "strategy_params", "chunker")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-DEFAULT_MODEL = "smollm2"
+DEFAULT_MODEL = "gemma3-270m"  # measured best offline decoder for retrieval: README, "Quick start"
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 ENCODER_TYPES = ("bert", "roberta", "xlm-roberta")
 DEVICES = ("auto", "cpu", "cuda", "mps")

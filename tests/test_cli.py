@@ -249,7 +249,7 @@ def test_bad_inputs_give_one_line_errors(tiny_models, tmp_path):
     )
     assert_one_line_error(
         ragidx("build", readable, "--model", "no-org/no-model", "--index", tmp_path / "i", check=False),
-        "--model /path/to/model-folder",
+        r"pass a model folder or a \.gguf file \(--model /path/to/model\)",
     )
     assert_one_line_error(ragidx("query", "x", "--index", tmp_path / "none", check=False), "no index at")
     if not shutil.which("nvidia-smi"):

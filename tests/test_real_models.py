@@ -32,8 +32,15 @@ PROBES = {
     "how do I reset my password?": "password-reset.html",
     "how does a heat pump warm a house?": "heat-pump.html",
     "what does a write-ahead log do in a database?": "write-ahead-log.html",
+    "how do I keep a sourdough starter alive?": "sourdough.txt",
+    "how long does shipping take?": "shipping.txt",
+    "how to make compost at home": "composting.txt",
     "how do I squash commits with git rebase?": "git-rebase.md",
 }
+# Every strategy must find at least 3 of the 8 documents first and reach a reciprocal rank of 0.5 on
+# average over 13 documents. Chance gives 1/13 first and 0.25; htp with a placeholder at the
+# attention sink (before --sink) gave 2 first and 0.42 on SmolLM2. The default strategy must find all.
+MIN_FOUND_FIRST, MIN_MRR = 3, 0.5
 PROMPTEOL_STS_FLOOR = 60.0  # Spearman x 100 on 200 dev pairs; the same architecture with random weights: ~0
 
 
@@ -66,10 +73,10 @@ def decoder_strategies() -> list[str]:
 
 
 @pytest.mark.parametrize("name", decoder_strategies())
-def test_every_strategy_finds_the_source_document_of_each_probe(name, real_runtime, sample_documents):
-    """Dense search over the sample corpus's chunks: each probe's best chunk is in its document."""
+def test_every_strategy_finds_the_source_documents_of_the_probes(name, real_runtime, sample_documents):
+    """Dense search over the sample corpus's chunks, documents ranked by their best chunk."""
     from ragidx.indexer.chunking import Chunker
-    from ragidx.indexer.strategies import create_strategy
+    from ragidx.indexer.strategies import create_strategy, default_strategy_name
 
     strategy = create_strategy(name, real_runtime)
     chunker = Chunker(real_runtime.tokenizer, strategy.default_chunk_tokens, 1, None)
@@ -83,8 +90,15 @@ def test_every_strategy_finds_the_source_document_of_each_probe(name, real_runti
     assert vectors.shape == (len(texts), strategy.dimension)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     scores = strategy.encode(list(PROBES), "query") @ vectors.T
-    found = {probe: owners[int(np.argmax(row))] for probe, row in zip(PROBES, scores, strict=True)}
-    assert found == PROBES
+    ranks = {}
+    for probe, row in zip(PROBES, scores, strict=True):
+        documents = list(dict.fromkeys(owners[i] for i in np.argsort(-row, kind="stable")))
+        ranks[probe] = documents.index(PROBES[probe]) + 1
+    found_first = sum(rank == 1 for rank in ranks.values())
+    mrr = float(np.mean([1 / rank for rank in ranks.values()]))
+    assert found_first >= MIN_FOUND_FIRST and mrr >= MIN_MRR, ranks
+    if name == default_strategy_name(real_runtime):
+        assert found_first == len(PROBES), ranks
 
 
 def test_prompteol_reaches_the_sts_floor_that_random_weights_cannot(real_runtime):
@@ -130,19 +144,19 @@ def test_the_converted_cache_equals_reading_the_gguf_directly():
 
 def test_quick_start_on_the_default_model(tmp_path):
     """The README's quick start with no --model: the default is a packaged decoder that runs offline."""
-    installed("smollm2")
+    installed("gemma3-270m")
     env = {key: value for key, value in child_env().items() if key != "RAGIDX_MODEL"}
     index = tmp_path / "index"
     built = subprocess.run([RAGIDX, "build", SAMPLE_CORPUS, "--index", index], capture_output=True,
                            text=True, env=env, timeout=900)  # fmt: skip
     assert built.returncode == 0, built.stderr
-    assert "model smollm2" in built.stdout
+    assert "model gemma3-270m" in built.stdout
     found = subprocess.run([RAGIDX, "query", "why are there two tides a day?", "--index", index, "--json"],
                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert found.returncode == 0, found.stderr
     assert Path(json.loads(found.stdout)[0]["path"]).name == "tides.md"
     meta = json.loads(ragidx("info", "--index", index, "--json").stdout)
-    assert meta["model"] == "smollm2" and len(meta["model_file"]["sha256"]) == 64
+    assert meta["model"] == "gemma3-270m" and len(meta["model_file"]["sha256"]) == 64
 
 
 def test_a_changed_gguf_file_is_refused_by_query_and_build(tmp_path):
@@ -150,14 +164,17 @@ def test_a_changed_gguf_file_is_refused_by_query_and_build(tmp_path):
     source = PACKAGED_MODELS[installed("smollm2")].paths()[0]
     model = tmp_path / "model.gguf"
     shutil.copyfile(source, model)
-    index, docs = tmp_path / "index", SAMPLE_CORPUS / "faq"
+    index, docs = tmp_path / "index", tmp_path / "docs"
+    shutil.copytree(SAMPLE_CORPUS / "faq", docs)
     ragidx("build", docs, "--model", model, "--strategy", "mean", "--index", index)
     with model.open("ab") as file:
         file.write(b"\0")
-    for args in (("query", "return a bike"), ("build", docs)):
+    (docs / "new.md").write_text("A new document that the next build must embed.\n")
+    for args in (("query", "return a bike"), ("build", docs)):  # a build with nothing new loads no model
         result = ragidx(*args, "--index", index, check=False)
         assert_one_line_error(result, r"model '.*model\.gguf' changed since the index was built .*--rebuild")
-    assert ragidx("info", "--index", index, "--json").returncode == 0
+        assert "converting" not in result.stderr
+    assert json.loads(ragidx("info", "--index", index, "--json").stdout)["documents"] == 5
 
 
 def _limit_file_size() -> None:
@@ -176,7 +193,9 @@ def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
 
     full = subprocess.run(embed, capture_output=True, text=True, env=env, timeout=600,
                           preexec_fn=_limit_file_size)  # fmt: skip
-    assert_one_line_error(full, r"cannot write the converted model into the cache .*(File too large|space)")
+    assert full.stderr.startswith("converting SmolLM2-135M-Instruct.Q4_1.gguf once into ")
+    full.stderr = full.stderr.split("\n", 1)[1]  # the rest is one line
+    assert_one_line_error(full, r"cannot write the converted model into the cache .*File too large")
     assert [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
 
     killed = subprocess.run(embed, capture_output=True, text=True, timeout=600,
@@ -189,7 +208,7 @@ def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
              for _ in range(2)]  # fmt: skip
     outputs = [twin.communicate(timeout=600) for twin in twins]
     assert [twin.returncode for twin in twins] == [0, 0], [err for _, err in outputs]
-    assert sum("converting" in err for _, err in outputs) == 1
+    assert sum("once into" in err for _, err in outputs) == 1  # the other waited, then reused it
     np.testing.assert_array_equal(*(np.array(json.loads(out)) for out, _ in outputs))
     entries = sorted(p.name for p in models.iterdir() if not p.name.endswith(".lock"))
     assert len(entries) == 1 and len(entries[0]) == 64, entries

@@ -40,8 +40,8 @@ def expected_layout(tokenizer, sentences: list[str], pst: int, bpst: int, prefix
     def tok(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
-    with_bos = tokenizer("x")["input_ids"][0] == tokenizer.bos_token_id
-    ids = ([tokenizer.bos_token_id] if with_bos else []) + tok(prefix) + [bpst] * len(sentences)
+    # BOS first: the tokenizer's own, or the sink ragidx puts there when the tokenizer adds none.
+    ids = [tokenizer.bos_token_id, *tok(prefix)] + [bpst] * len(sentences)
     pooled, psts, ends = [], [], []
     for sentence in sentences:
         psts.append(len(ids))
@@ -120,8 +120,7 @@ def test_htp_equals_an_independent_computation(arch, role, runtimes, plain_model
 def test_tp_equals_an_independent_computation(arch, runtimes, plain_models):
     model, tokenizer = plain_models[arch]
     rows = {1000: mean_rows(model, 1000)}
-    with_bos = tokenizer("x")["input_ids"][0] == tokenizer.bos_token_id
-    lead = [tokenizer.bos_token_id] if with_bos else []
+    lead = [tokenizer.bos_token_id]  # the tokenizer's own BOS, or the sink where it adds none
     text_ids = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     quoted = (
         tokenizer('This sentence : "', add_special_tokens=False)["input_ids"],
@@ -138,6 +137,38 @@ def test_tp_equals_an_independent_computation(arch, runtimes, plain_models):
         states = plain_states(model, ids, rows, [(1, hook), (2, hook)])[4][0]
         expected = unit(states[list(pooled)].mean(dim=0) if pooled else states[-1])
         np.testing.assert_allclose(strategy.encode([TEXT])[0], expected, atol=1e-4, err_msg=f"{arch} {pool}")
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+@pytest.mark.parametrize("name", ["htp", "tp"])
+def test_no_placeholder_ever_sits_at_the_attention_sink(arch, name, runtimes):
+    strategy = create_strategy(name, runtimes[arch])
+    for role in ("document", "query"):
+        layout = strategy.prepare([TEXT], role, None)[0]
+        assert 0 not in layout.summaries + layout.broadcasts, (arch, name, role)
+    adds_bos = runtimes[arch].tokenizer("x")["input_ids"][0] == runtimes[arch].tokenizer.bos_token_id
+    assert strategy.params["sink"] == ("none" if adds_bos else "bos")
+
+
+def test_sink_choices_and_indexes_from_before_the_sink(runtimes):
+    """qwen2's tokenizer adds no BOS: the sink is its BOS (auto), its EOS, or absent ("none",
+    the layout of indexes built before the sink existed, which upgrade_params restores)."""
+    from ragidx.indexer.strategies import strategy_from_index
+
+    runtime = runtimes["qwen2"]
+    tokenizer = runtime.tokenizer
+    first = {
+        sink: create_strategy("htp", runtime, sink=sink).prepare([TEXT], "document", None)[0].ids[0]
+        for sink in ("auto", "bos", "eos", "none")
+    }
+    placeholder = create_strategy("htp", runtime).placeholders.broadcast_id
+    assert first == {"auto": tokenizer.bos_token_id, "bos": tokenizer.bos_token_id,
+                     "eos": tokenizer.eos_token_id, "none": placeholder}  # fmt: skip
+    stored = {k: v for k, v in create_strategy("htp", runtime, sink="none").params.items() if k != "sink"}
+    old = strategy_from_index("htp", runtime, stored)
+    assert old.params["sink"] == "none" and old.prepare([TEXT], "document", None)[0].ids[0] == placeholder
+    with pytest.raises(RagidxError, match="unknown --sink 'first'"):
+        create_strategy("tp", runtime, sink="first")
 
 
 def layer_inputs(runtime, strategy, text: str, layers: range) -> dict[int, torch.Tensor]:

@@ -37,7 +37,15 @@ REGISTRY: dict[str, type[Strategy]] = {
 }
 COMMON_PARAMS = frozenset({"document_template", "query_template", "max_length", "batch"})
 
-__all__ = ["REGISTRY", "BatchSettings", "Role", "Strategy", "create_strategy", "default_strategy_name"]
+__all__ = [
+    "REGISTRY",
+    "BatchSettings",
+    "Role",
+    "Strategy",
+    "create_strategy",
+    "default_strategy_name",
+    "strategy_from_index",
+]
 
 
 def strategy_class(name: str) -> type[Strategy]:
@@ -50,6 +58,12 @@ def strategy_class(name: str) -> type[Strategy]:
 def default_strategy_name(runtime: ModelRuntime) -> str:
     """PromptEOL for decoders (the strongest strategy shipped so far), mean pooling for encoders."""
     return "prompteol" if runtime.arch.is_decoder else "mean"
+
+
+def strategy_from_index(name: str, runtime: ModelRuntime, stored: dict[str, Any], **given: Any) -> Strategy:
+    """The strategy an index was built with: its stored parameters (upgraded from older
+    versions), with the ``given`` ones replacing them."""
+    return create_strategy(name, runtime, **{**strategy_class(name).upgrade_params(stored), **given})
 
 
 def create_strategy(name: str, runtime: ModelRuntime, **params: Any) -> Strategy:

@@ -121,6 +121,12 @@ class Strategy(ABC):
         self.batch = batch or BatchSettings()
         self.truncated = 0
 
+    @classmethod
+    def upgrade_params(cls, stored: dict[str, Any]) -> dict[str, Any]:
+        """Stored parameters of an index written by an older ragidx, with today's names and any
+        parameter added since set to the behaviour that index was built with."""
+        return stored
+
     @property
     def params(self) -> dict[str, Any]:
         """Everything that determines a vector, as stored in the index's meta table."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import (
     ROLES,
+    TEXT_SLOT,
     PooledText,
     PreparedText,
     Role,
@@ -41,6 +42,7 @@ RETRIEVAL_QUERY_TEMPLATE = "Retrieve relevant document. Text:{text}"
 PAPER_REWIRE_STOP = {32: 7}  # the HTP code's window for 32-layer models (Mistral-7B)
 REWIRE_DEPTH = 0.22
 POOLS = ("mean", "last")
+SINKS = ("auto", "bos", "eos", "none")
 
 
 def default_window(num_layers: int) -> tuple[tuple[int, int], str]:
@@ -49,6 +51,24 @@ def default_window(num_layers: int) -> tuple[tuple[int, int], str]:
         return (1, PAPER_REWIRE_STOP[num_layers]), f"HTP code default for {num_layers}-layer models"
     stop = min(max(2, round(REWIRE_DEPTH * num_layers)), num_layers)
     return (min(1, stop), stop), f"1 to max(2, round({REWIRE_DEPTH}·L))"
+
+
+def resolve_sink(tokenizer: Any, sink: str) -> str:
+    """Which special token goes first when the tokenizer adds none itself.
+
+    Position 0 is the attention sink; a placeholder there has its state overwritten in every
+    rewired layer, which wrecks every later token (methods.md §6). ``auto`` is the declared BOS,
+    else EOS; ``none`` where the tokenizer already starts every input with its own token.
+    """
+    if sink not in SINKS:
+        raise RagidxError(f"unknown --sink '{sink}': choose one of {', '.join(SINKS)}")
+    if tokenize_template(tokenizer, TEXT_SLOT).lead:
+        return "none"
+    if sink == "auto":
+        return "bos" if tokenizer.bos_token is not None else "eos"
+    if sink != "none" and getattr(tokenizer, f"{sink}_token", None) is None:
+        raise RagidxError(f"--sink {sink}: the tokenizer declares no {sink.upper()} token")
+    return sink
 
 
 @dataclass(frozen=True)
@@ -95,7 +115,7 @@ class Rewiring:
 class TokenPrepending(Strategy):
     """Shared machinery: placeholders, the rewiring window, the exit layer and the readout."""
 
-    options: ClassVar[frozenset[str]] = frozenset({"rewire", "exit_layer", "placeholder_init"})
+    options: ClassVar[frozenset[str]] = frozenset({"rewire", "exit_layer", "placeholder_init", "sink"})
 
     def __init__(
         self,
@@ -104,6 +124,7 @@ class TokenPrepending(Strategy):
         rewire: str | Sequence[int] | None = None,
         exit_layer: int | None = None,
         placeholder_init: str = "mean",
+        sink: str = "auto",
         **common: Any,
     ):
         super().__init__(runtime, **common)
@@ -117,7 +138,22 @@ class TokenPrepending(Strategy):
         )
         self.placeholder_init = placeholder_init
         self.placeholders = install_placeholders(runtime, placeholder_init)
-        self.parts = {role: tokenize_template(runtime.tokenizer, self.template_for(role)) for role in ROLES}
+        self.sink = resolve_sink(runtime.tokenizer, sink)
+        self.parts = {role: self._template(role) for role in ROLES}
+
+    def _template(self, role: Role) -> TokenTemplate:
+        """The role's template as ids, led by the sink token when the tokenizer puts none first."""
+        parts = tokenize_template(self.runtime.tokenizer, self.template_for(role))
+        if parts.lead or self.sink == "none":
+            return parts
+        tokenizer = self.runtime.tokenizer
+        sink_id = tokenizer.convert_tokens_to_ids(getattr(tokenizer, f"{self.sink}_token"))
+        return dataclasses.replace(parts, lead=[sink_id])
+
+    @classmethod
+    def upgrade_params(cls, stored: dict[str, Any]) -> dict[str, Any]:
+        """Indexes written before ``sink`` existed put no sink token first."""
+        return {"sink": "none", **stored}
 
     @property
     def params(self) -> dict[str, Any]:
@@ -126,6 +162,7 @@ class TokenPrepending(Strategy):
             "rewire": list(self.window),
             "exit_layer": self.exit_layer,
             "placeholder_init": self.placeholder_init,
+            "sink": self.sink,
         }
 
     @property
