@@ -51,7 +51,7 @@ def converted_folder(gguf: GgufFile) -> Path:
             if is_converted(gguf):  # another process finished it while we waited
                 return folder
             _remove_leftovers(gguf.sha256)
-            describe_gguf(gguf)
+            check_gguf(gguf)
             print(f"converting {gguf.parts[0].name} once into {folder} ...", file=sys.stderr)
             partial = Path(tempfile.mkdtemp(prefix=f".{gguf.sha256}.", suffix=".partial", dir=models_cache()))
             try:
@@ -96,12 +96,9 @@ def _remove_leftovers(sha256: str) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def describe_gguf(gguf: GgufFile) -> dict[str, object]:
-    """Read the header: refuse a file that is not GGUF, a foreign architecture or an unreadable type.
-
-    Returns the architecture and the tensor types, so the refusal happens in a second rather than
-    after a long dequantisation.
-    """
+def check_gguf(gguf: GgufFile) -> None:
+    """Read the header: refuse a file that is not GGUF, a foreign architecture or an unreadable type,
+    in a second rather than after a long dequantisation."""
     from gguf import GGMLQuantizationType, GGUFReader
     from gguf.quants import _type_traits
 
@@ -111,7 +108,7 @@ def describe_gguf(gguf: GgufFile) -> dict[str, object]:
         if file.read(4) != b"GGUF":
             raise RagidxError(f"'{first}' is not a GGUF file (it does not start with the GGUF magic bytes)")
     if len(gguf.parts) > 1:
-        return {}  # parts are read once assembled; their checksum was verified already
+        return  # parts are read once assembled; their checksum was verified already
     try:
         reader = GGUFReader(first)
         field = reader.fields["general.architecture"]
@@ -130,7 +127,6 @@ def describe_gguf(gguf: GgufFile) -> dict[str, object]:
             f"'{first}' uses the quantisation type {', '.join(unreadable)}, which transformers cannot "
             "dequantise; use a file quantised as F32, F16, BF16, Q8_0, Q4_K or another common type"
         )
-    return {"architecture": architecture, "types": sorted(t.name for t in types)}
 
 
 @contextlib.contextmanager

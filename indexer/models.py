@@ -112,10 +112,6 @@ class GgufFile:
                     digest.update(block)
         return digest.hexdigest()
 
-    @property
-    def size(self) -> int:
-        return sum(part.stat().st_size for part in self.parts)
-
     def record(self) -> dict[str, Any]:
         """What an index stores to notice a changed file later."""
         return {"path": [str(part) for part in self.parts], "sha256": self.sha256}
