@@ -105,11 +105,15 @@ class GgufFile:
 
     @functools.cached_property
     def sha256(self) -> str:
+        """Read first of all, so an unreadable file is named as such, not blamed on the cache."""
         digest = hashlib.sha256()
         for part in self.parts:
-            with part.open("rb") as file:
-                while block := file.read(1 << 22):
-                    digest.update(block)
+            try:
+                with part.open("rb") as file:
+                    while block := file.read(1 << 22):
+                        digest.update(block)
+            except OSError as error:
+                raise RagidxError(f"cannot read model file {part}: {error.strerror or error}") from None
         return digest.hexdigest()
 
     def record(self) -> dict[str, Any]:
@@ -145,10 +149,14 @@ def canonical_model_id(model: str) -> str:
         return model
     path = Path(model).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
-        ggufs = sorted(path.glob(f"*{GGUF_SUFFIX}"))
+        ggufs = _ggufs_in(path)
         if len(ggufs) == 1:
             return str(ggufs[0].resolve())
     return str(path.resolve()) if path.exists() else model
+
+
+def _ggufs_in(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"*{GGUF_SUFFIX}"))
 
 
 def resolve_model(model: str) -> ModelSource:
@@ -173,7 +181,7 @@ def resolve_model(model: str) -> ModelSource:
 def _folder_source(model: str, folder: Path) -> ModelSource:
     if (folder / "config.json").is_file():
         return ModelSource(str(folder), str(folder))
-    ggufs = sorted(folder.glob(f"*{GGUF_SUFFIX}"))
+    ggufs = _ggufs_in(folder)
     if len(ggufs) == 1:
         return ModelSource(str(ggufs[0]), None, GgufFile((ggufs[0],)))
     if ggufs:

@@ -69,6 +69,12 @@ def test_a_cache_that_cannot_be_written_is_one_line(tmp_path):
     assert_one_line_error(result, r"cannot write the converted model into the cache .*RAGIDX_CACHE_DIR")
 
 
+def test_an_unreadable_model_file_is_named_not_blamed_on_the_cache(tmp_path):
+    gguf = GgufFile((tmp_path / "gone.gguf",))
+    with pytest.raises(RagidxError, match=r"cannot read model file .*gone\.gguf: No such file"):
+        gguf.sha256  # noqa: B018 - the property reads the file
+
+
 def test_other_model_files_and_folders(tmp_path):
     text = tmp_path / "weights.bin"
     text.write_bytes(b"\0" * 8)
