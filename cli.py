@@ -32,16 +32,19 @@ def _index_option(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
+_device_option = click.option(
+    "--device", type=click.Choice(DEVICES), default="auto", help="Where the model runs."
+)
+
+
 def _device_options(command: Callable[..., Any]) -> Callable[..., Any]:
     command = click.option(
         "--dtype",
         type=click.Choice(DTYPES),
         default=None,
-        help="Model precision (auto: bf16 on CUDA, float32 on CPU).",
+        help="Model precision (auto: bf16 on CUDA; on a CPU, whichever is measured faster there).",
     )(command)
-    return click.option("--device", type=click.Choice(DEVICES), default="auto", help="Where the model runs.")(
-        command
-    )
+    return _device_option(command)
 
 
 def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -240,7 +243,9 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         f"embedded {report.documents} documents as {report.chunks} chunks ({report.tokens} tokens) "
         f"in {report.seconds:.1f} s, {report.vectors_per_second:.1f} vectors/s"
     )
-    click.echo(f"model {report.model}, strategy {report.strategy} ({report.strategy_reason})")
+    click.echo(
+        f"model {report.model} ({report.dtype}), strategy {report.strategy} ({report.strategy_reason})"
+    )
     for key, value in report.strategy_notes.items():
         click.echo(f"  {key.replace('_', ' ')}: {value}")
     if report.truncated_chunks:
@@ -392,9 +397,9 @@ def _embed_without_index(
     strategy_options: dict[str, Any],
 ) -> Any:
     from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.strategies import create_strategy, default_strategy_name
+    from ragidx.indexer.strategies import bfloat16_ok, create_strategy, default_strategy_name
 
-    runtime = load_runtime(model, device, dtype)
+    runtime = load_runtime(model, device, dtype, bfloat16_ok=bfloat16_ok([strategy]))
     name = strategy or default_strategy_name(runtime)
     return create_strategy(name, runtime, **strategy_options).encode(texts, role)
 
@@ -431,7 +436,8 @@ def calibrate(
     from ragidx.indexer.calibration import EARLY_FRACTION, calibrate_and_cache
     from ragidx.indexer.runtime import load_runtime
 
-    runtime = load_runtime(model, device, dtype or "auto", trust_remote_code)
+    # float32 under auto: the layers chosen here serve kv-embedding, which stays float32 (bfloat16_ok)
+    runtime = load_runtime(model, device, dtype or "auto", trust_remote_code, bfloat16_ok=False)
     calibration, path = calibrate_and_cache(runtime, texts, count)
     if plot:
         from ragidx.indexer.plots import plot_calibration
@@ -611,10 +617,10 @@ def eval_sts(
     """Spearman x 100 between vector cosine and gold similarity on an STS-B or SICK file."""
     from ragidx.indexer.evaluation import evaluate_sts, load_sts
     from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.strategies import create_strategy, default_strategy_name
+    from ragidx.indexer.strategies import bfloat16_ok, create_strategy, default_strategy_name
 
     pairs = load_sts(path, max_pairs)
-    runtime = load_runtime(model, device, dtype or "auto")
+    runtime = load_runtime(model, device, dtype or "auto", bfloat16_ok=bfloat16_ok(_names(strategy)))
     strategy_options = _given_strategy_options(options)
     rows = []
     for name in _names(strategy):
@@ -642,7 +648,13 @@ def eval_sts(
 @click.option("--chunk-tokens", type=click.IntRange(min=8), default=256, show_default=True)
 @click.option("--max-texts", type=click.IntRange(min=1), default=None, help="Use only the first N chunks.")
 @click.option("--queries", type=click.IntRange(min=0), default=20, show_default=True, help="Timed queries.")
-@_device_options
+@_device_option
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    help="Comma-separated precisions to compare in one run, e.g. float32,bfloat16.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def bench(
     model: str,
@@ -652,46 +664,46 @@ def bench(
     max_texts: int | None,
     queries: int,
     device: str,
-    dtype: str | None,
+    dtype: str,
     as_json: bool,
 ) -> None:
-    """Throughput, peak memory, query latency, layers run and FLOP/s efficiency per strategy."""
-    from ragidx.indexer.bench import bench_queries, bench_strategy, bench_texts, matmul_peak_flops
+    """Throughput, memory, query latency, layers run, FLOP/s against the matmul peaks, and the
+    ratio to a hand-written transformers forward, per strategy and dtype."""
+    from ragidx.indexer.bench import run_bench
     from ragidx.indexer.calibration import SAMPLE_CORPUS
-    from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.strategies import create_strategy, default_strategy_name
 
-    runtime = load_runtime(model, device, dtype or "auto")
-    chunks = bench_texts(runtime, texts or SAMPLE_CORPUS, chunk_tokens, max_texts)
-    peak = matmul_peak_flops(runtime)
-    rows = []
-    for name in _names(strategy):
-        name = name or default_strategy_name(runtime)
-        chosen = create_strategy(name, runtime)
-        rows.append(bench_strategy(chosen, name, chunks, bench_queries(chunks, queries), peak))
-    header = {
-        "model": runtime.model_id,
-        "device": str(runtime.device),
-        "dtype": str(runtime.dtype).removeprefix("torch."),
-        "texts": len(chunks),
-    }
+    report = run_bench(
+        model,
+        _names(strategy),
+        [name for name in _names(dtype) if name] or ["auto"],
+        device,
+        texts or SAMPLE_CORPUS,
+        chunk_tokens,
+        max_texts,
+        queries,
+    )
     if as_json:
-        _print_json({**header, "rows": [row.to_dict() for row in rows]})
+        _print_json(report.to_dict())
         return
+    peaks = ", ".join(f"{dtype} {flops / 1e9:.0f}" for dtype, flops in report.matmul_peaks.items())
     click.echo(
-        f"{header['model']} on {header['device']} ({header['dtype']}), {len(chunks)} chunks of <= "
-        f"{chunk_tokens} tokens; matmul probe {peak / 1e9:.1f} GFLOP/s"
+        f"{report.model} on {report.device}, {report.texts} chunks of <= {chunk_tokens} tokens; "
+        f"1024^3 matmul GFLOP/s: {peaks}"
     )
     click.echo(
-        f"{'strategy':<14}{'tokens/s':>10}{'vectors/s':>11}{'peak MiB':>10}{'query p50':>11}{'p95 ms':>8}"
-        f"{'layers':>8}{'GFLOP/s':>9}{'of peak':>9}"
+        f"{'strategy':<14}{'dtype':>9}{'tokens/s':>10}{'vectors/s':>11}{'peak MiB':>10}{'query p50':>11}"
+        f"{'p95 ms':>8}{'layers':>8}{'GFLOP/s':>9}{'of peak':>9}{'of best':>9}{'x anchor':>10}"
     )
-    for row in rows:
+    for row in report.rows:
         click.echo(
-            f"{row.strategy:<14}{row.tokens_per_second:>10.1f}{row.vectors_per_second:>11.2f}"
+            f"{row.strategy:<14}{row.dtype:>9}{row.tokens_per_second:>10.1f}{row.vectors_per_second:>11.2f}"
             f"{row.peak_rss_mib:>10.0f}{row.query_p50_ms:>11.1f}{row.query_p95_ms:>8.1f}"
             f"{row.fraction_of_layers:>8.2f}{row.flops_per_second / 1e9:>9.1f}{row.fraction_of_peak:>9.1%}"
+            f"{row.fraction_of_best_peak:>9.1%}{row.ratio_to_anchor:>10.2f}"
         )
+    anchors = {(row.dtype, row.anchor, round(row.anchor_tokens_per_second)) for row in report.rows}
+    for row_dtype, name, rate in sorted(anchors):
+        click.echo(f"anchor ({row_dtype}): {name}, {rate} tokens/s")
 
 
 @cli.command()

@@ -119,11 +119,12 @@ class Index:
         if self._strategy is None:
             from ragidx.indexer.models import check_same_file, resolve_model
             from ragidx.indexer.runtime import load_runtime
-            from ragidx.indexer.strategies import strategy_from_index
+            from ragidx.indexer.strategies import bfloat16_ok, strategy_from_index
 
             source = resolve_model(self.meta["model"])
             check_same_file(source, self.meta.get("model_file"))
-            runtime = load_runtime(source, self.device, self.dtype, self.trust_remote_code)
+            allowed = bfloat16_ok([self.meta["strategy"]])
+            runtime = load_runtime(source, self.device, self.dtype, self.trust_remote_code, allowed)
             self._strategy = strategy_from_index(self.meta["strategy"], runtime, self.meta["strategy_params"])
         return self._strategy
 

@@ -2,11 +2,15 @@
 
 Per strategy: embedding throughput (tokens/s and vectors/s), peak resident memory while
 embedding, warm query latency (embed one query, exact search), the fraction of decoder layers
-executed (early exit), and achieved FLOP/s against a matrix-multiply probe in the same dtype.
+executed (early exit), and achieved FLOP/s against matrix-product probes in float32 and
+bfloat16. Beside them, an anchor: the same chunks through a hand-written transformers forward
+with mean pooling (or sentence-transformers' ``encode`` for an encoder, where installed), in the
+same dtype and batch size, so that ragidx's own overhead shows as a ratio measured in one run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 from collections.abc import Sequence
@@ -15,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from ragidx.indexer.precision import best_flops_per_second
 
 if TYPE_CHECKING:
     from ragidx.indexer.runtime import ModelRuntime
@@ -22,7 +27,10 @@ if TYPE_CHECKING:
 
 PROBE_SIZE = 1024
 PROBE_SECONDS = 1.0
+PEAK_DTYPES = ("float32", "bfloat16")
 QUERY_WORDS = 16
+ANCHOR_ROWS = 32  # the strategies' default BatchSettings.max_rows
+ANCHOR_MAX_LENGTH = 512  # the strategies' default max_length
 
 
 class PeakRss:
@@ -49,20 +57,84 @@ class PeakRss:
         self.peak = max(self.peak, self.process.memory_info().rss)
 
 
-def matmul_peak_flops(runtime: ModelRuntime, seconds: float = PROBE_SECONDS) -> float:
-    """Best FLOP/s of a square matrix product in the model's dtype on its device (a short probe)."""
+def matmul_peak_flops(dtype: str, device: str, seconds: float = PROBE_SECONDS) -> float:
+    """Best FLOP/s of a square matrix product in ``dtype`` on ``device`` (0 where it cannot run)."""
     import torch
 
     size = PROBE_SIZE
-    a = torch.randn(size, size, dtype=runtime.dtype, device=runtime.device)
-    b = torch.randn(size, size, dtype=runtime.dtype, device=runtime.device)
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        started = time.perf_counter()
-        (a @ b).sum().item()
-        best = max(best, 2 * size**3 / (time.perf_counter() - started))
-    return best
+    try:
+        a = torch.randn(size, size, dtype=getattr(torch, dtype), device=device)
+        b = torch.randn(size, size, dtype=getattr(torch, dtype), device=device)
+        return best_flops_per_second(lambda: (a @ b).sum().item(), 2 * size**3, seconds)
+    except (RuntimeError, TypeError):  # a dtype the device does not multiply in
+        return 0.0
+
+
+def matmul_peaks(device: str) -> dict[str, float]:
+    """The probe in every dtype worth comparing, so each run can be set against the faster one."""
+    return {dtype: matmul_peak_flops(dtype, device) for dtype in PEAK_DTYPES}
+
+
+@dataclass
+class Anchor:
+    """The hand-written baseline: what it was, and its speed on the same chunks."""
+
+    name: str
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+def anchor_rate(runtime: ModelRuntime, texts: Sequence[str]) -> Anchor:
+    """sentence-transformers' ``encode`` for an encoder where installed, else the plain forward."""
+    if not runtime.arch.is_decoder and runtime.folder and importlib.util.find_spec("sentence_transformers"):
+        return _sentence_transformers_rate(runtime, texts)
+    return _plain_forward_rate(runtime, texts)
+
+
+def _plain_forward_rate(runtime: ModelRuntime, texts: Sequence[str]) -> Anchor:
+    """Ten lines of transformers: tokenizer padding in input order, full forward, masked mean."""
+    import torch
+
+    tokenizer, model = runtime.tokenizer, runtime.model
+
+    def run(chunk: Sequence[str]) -> int:
+        tokens = 0
+        with torch.inference_mode():
+            for start in range(0, len(chunk), ANCHOR_ROWS):
+                encoded = tokenizer(
+                    list(chunk[start : start + ANCHOR_ROWS]),
+                    padding=True,
+                    truncation=True,
+                    max_length=ANCHOR_MAX_LENGTH,
+                    return_tensors="pt",
+                ).to(runtime.device)
+                states = model(**encoded).last_hidden_state
+                mask = encoded["attention_mask"].unsqueeze(-1).to(states.dtype)
+                ((states * mask).sum(1) / mask.sum(1)).float().cpu()
+                tokens += int(encoded["attention_mask"].sum())
+        return tokens
+
+    run(texts[:2])
+    started = time.perf_counter()
+    tokens = run(texts)
+    return Anchor("transformers forward + mean", tokens, time.perf_counter() - started)
+
+
+def _sentence_transformers_rate(runtime: ModelRuntime, texts: Sequence[str]) -> Anchor:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(runtime.folder, device=str(runtime.device)).to(runtime.dtype)
+    model.encode(list(texts[:2]), batch_size=ANCHOR_ROWS)
+    started = time.perf_counter()
+    model.encode(list(texts), batch_size=ANCHOR_ROWS)
+    seconds = time.perf_counter() - started
+    longest = model.max_seq_length
+    tokens = sum(min(len(ids), longest) for ids in runtime.tokenizer(list(texts))["input_ids"])
+    return Anchor("sentence-transformers encode", tokens, seconds)
 
 
 def count_flops(strategy: Strategy, texts: Sequence[str]) -> int:
@@ -83,6 +155,7 @@ def bench_queries(texts: Sequence[str], count: int) -> list[str]:
 @dataclass
 class BenchRow:
     strategy: str
+    dtype: str
     texts: int
     tokens: int
     seconds: float
@@ -97,13 +170,23 @@ class BenchRow:
     flops_per_second: float
     matmul_peak_flops_per_second: float
     fraction_of_peak: float
+    best_matmul_peak_flops_per_second: float
+    fraction_of_best_peak: float
+    anchor: str
+    anchor_tokens_per_second: float
+    ratio_to_anchor: float
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def bench_strategy(
-    strategy: Strategy, name: str, texts: Sequence[str], queries: Sequence[str], peak: float
+    strategy: Strategy,
+    name: str,
+    texts: Sequence[str],
+    queries: Sequence[str],
+    peaks: dict[str, float],
+    anchor: Anchor,
 ) -> BenchRow:
     import faiss
 
@@ -129,8 +212,11 @@ def bench_strategy(
         started = time.perf_counter()
         search.search(strategy.encode([query], "query"), 10)
         latencies.append(1000 * (time.perf_counter() - started))
+    dtype = str(runtime.dtype).removeprefix("torch.")
+    peak, best = peaks.get(dtype, 0.0), max(peaks.values(), default=0.0)
     return BenchRow(
         strategy=name,
+        dtype=dtype,
         texts=len(texts),
         tokens=tokens,
         seconds=seconds,
@@ -145,6 +231,11 @@ def bench_strategy(
         flops_per_second=flops / seconds,
         matmul_peak_flops_per_second=peak,
         fraction_of_peak=flops / seconds / peak if peak else 0.0,
+        best_matmul_peak_flops_per_second=best,
+        fraction_of_best_peak=flops / seconds / best if best else 0.0,
+        anchor=anchor.name,
+        anchor_tokens_per_second=anchor.tokens_per_second,
+        ratio_to_anchor=tokens / seconds / anchor.tokens_per_second,
     )
 
 
@@ -159,3 +250,45 @@ def bench_texts(runtime: ModelRuntime, source: Path, chunk_tokens: int, limit: i
     if not texts:
         raise RagidxError(f"no readable text under {source}")
     return texts[:limit] if limit else texts
+
+
+@dataclass
+class BenchReport:
+    model: str
+    device: str
+    texts: int
+    chunk_tokens: int
+    matmul_peaks: dict[str, float]
+    rows: list[BenchRow]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "rows": [row.to_dict() for row in self.rows]}
+
+
+def run_bench(
+    model: str,
+    strategies: Sequence[str | None],
+    dtypes: Sequence[str],
+    device: str,
+    source: Path,
+    chunk_tokens: int,
+    max_texts: int | None,
+    queries: int,
+) -> BenchReport:
+    """Every strategy in every dtype over the same chunks, with the probes and anchors in one run."""
+    from ragidx.indexer.runtime import load_runtime, resolve_device
+    from ragidx.indexer.strategies import bfloat16_ok, create_strategy, default_strategy_name
+
+    device = resolve_device(device)
+    peaks = matmul_peaks(device)
+    rows: list[BenchRow] = []
+    chunks: list[str] = []
+    for dtype in dtypes:
+        runtime = load_runtime(model, device, dtype, bfloat16_ok=bfloat16_ok(strategies))
+        chunks = chunks or bench_texts(runtime, source, chunk_tokens, max_texts)
+        anchor = anchor_rate(runtime, chunks)
+        for name in strategies:
+            name = name or default_strategy_name(runtime)
+            strategy = create_strategy(name, runtime)
+            rows.append(bench_strategy(strategy, name, chunks, bench_queries(chunks, queries), peaks, anchor))
+    return BenchReport(runtime.model_id, device, len(chunks), chunk_tokens, peaks, rows)

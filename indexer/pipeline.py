@@ -19,6 +19,7 @@ from ragidx.indexer.models import check_same_file, resolve_model
 from ragidx.indexer.runtime import default_model, load_runtime
 from ragidx.indexer.sources import SkippedFile, SourceDocument, read_document, scan
 from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration, default_index_dir
+from ragidx.indexer.strategies import bfloat16_ok
 from ragidx.indexer.vector_index import VectorIndexSettings
 
 EMBED_SLICE = 256  # chunks tokenised and embedded per step; bounds memory, not results
@@ -108,6 +109,7 @@ class BuildReport:
     index_dir: str
     generation: int
     model: str
+    dtype: str
     strategy: str
     strategy_reason: str
     strategy_notes: dict[str, Any]
@@ -133,6 +135,7 @@ class BuildReport:
             "index": self.index_dir,
             "generation": self.generation,
             "model": self.model,
+            "dtype": self.dtype,
             "strategy": self.strategy,
             "strategy_reason": self.strategy_reason,
             "strategy_notes": self.strategy_notes,
@@ -190,7 +193,13 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         source = resolve_model(options.model or stored.get("model") or default_model())
         if source.model_id == stored.get("model"):
             check_same_file(source, stored.get("model_file"))  # before a changed GGUF is converted
-        runtime = load_runtime(source, options.device, options.dtype, options.trust_remote_code)
+        runtime = load_runtime(
+            source,
+            options.device,
+            _dtype(options, stored),
+            options.trust_remote_code,
+            bfloat16_ok([options.strategy or stored.get("strategy")]),
+        )
         name, reason = _choose_strategy(options, stored, runtime, scanned.documents)
         strategy = _create_strategy(name, runtime, options, stored)
         chunker = _create_chunker(runtime, strategy, options, stored)
@@ -219,6 +228,13 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             committed = pending.commit(meta, vector_index=vector_index)
         skipped = scanned.skipped + embedded.skipped
         return _report(options, writer, plan, skipped, started, meta, committed, embedded)
+
+
+def _dtype(options: BuildOptions, stored: dict[str, Any]) -> str:
+    """``auto`` adds to an index in the dtype it was built in, so its vectors all come out alike."""
+    if options.dtype == "auto" and stored.get("dtype") and not options.rebuild:
+        return str(stored["dtype"])
+    return options.dtype
 
 
 def _changes_settings(options: BuildOptions, stored: dict[str, Any]) -> bool:
@@ -315,6 +331,7 @@ def _report(
         index_dir=str(options.index_dir),
         generation=int(writer.meta["generation"]),
         model=meta["model"],
+        dtype=meta.get("dtype", ""),
         strategy=meta["strategy"],
         strategy_reason=meta.get("strategy_reason", ""),
         strategy_notes=meta.get("strategy_notes", {}),

@@ -298,18 +298,25 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    """``auto`` is bfloat16 on CUDA, float16 on MPS and float32 on CPU.
-
-    float32 on CPU is a measured choice: without AMX, bf16 matrix products are slower than
-    float32 on the CPUs we measured (see README, "Precision"), so bf16 would cost accuracy for
-    nothing. Ask for ``--dtype bfloat16`` on a CPU where it pays.
+def resolve_dtype(dtype: str, device: str, config: Any = None, bfloat16_ok: bool = True) -> str:
+    """``auto`` is float32 for strategies that half precision moves too far (``bfloat16_ok``
+    false); otherwise bfloat16 on CUDA, float16 on MPS, and on a CPU what is measured faster there
+    for a model of ``config``'s shape (:mod:`ragidx.indexer.precision`).
     """
     if dtype not in DTYPES:
         raise RagidxError(f"unknown dtype '{dtype}': choose one of {', '.join(DTYPES)}")
     if dtype != "auto":
         return dtype
-    return {"cuda": "bfloat16", "mps": "float16"}.get(device, "float32")
+    if not bfloat16_ok:
+        return "float32"
+    if device != "cpu":
+        return {"cuda": "bfloat16", "mps": "float16"}[device]
+    if config is None:
+        return "float32"
+    from ragidx.indexer.precision import cpu_auto_dtype
+
+    hidden = int(config.hidden_size)
+    return cpu_auto_dtype(hidden, int(getattr(config, "intermediate_size", None) or 4 * hidden))
 
 
 def _not_found(model: str, reason: str) -> RagidxError:
@@ -338,9 +345,17 @@ def _load_config(location: str, model: str, trust_remote_code: bool) -> Any:
 
 
 def load_runtime(
-    model: str | ModelSource, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False
+    model: str | ModelSource,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    bfloat16_ok: bool = True,
 ) -> ModelRuntime:
-    """Load tokenizer and base model (no LM head) by short name, GGUF file, local folder or hub id."""
+    """Load tokenizer and base model (no LM head) by short name, GGUF file, local folder or hub id.
+
+    ``bfloat16_ok=False`` keeps ``dtype="auto"`` at float32 on a CPU, for strategies whose vectors
+    bf16 would move too far (see :func:`ragidx.indexer.strategies.bfloat16_ok`).
+    """
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -351,7 +366,7 @@ def load_runtime(
     if config.model_type not in DECODER_TYPES + ENCODER_TYPES:
         raise unsupported_architecture(config.model_type)
     device = resolve_device(device)
-    torch_dtype = getattr(torch, resolve_dtype(dtype, device))
+    torch_dtype = getattr(torch, resolve_dtype(dtype, device, config, bfloat16_ok))
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
         network_model = AutoModel.from_pretrained(

@@ -116,10 +116,11 @@ def test_bench_reports_layers_and_counted_flops(tiny_models):
     import torch
     from ragidx.indexer.runtime import load_runtime
 
-    args = ("--max-texts", "1", "--queries", "3", "--device", "cpu", "--json")
+    args = ("--max-texts", "1", "--queries", "3", "--device", "cpu", "--dtype", "float32,bfloat16", "--json")
     out = json.loads(ragidx("bench", "--model", tiny_models["llama"], "--strategy", "mean,htp", *args).stdout)
-    mean, htp = out["rows"]
+    mean, htp, mean16, _ = out["rows"]
     assert (out["texts"], mean["texts"], mean["strategy"], htp["strategy"]) == (1, 1, "mean", "htp")
+    assert [row["dtype"] for row in out["rows"]] == ["float32", "float32", "bfloat16", "bfloat16"]
     assert mean["fraction_of_layers"] == 1.0 and htp["fraction_of_layers"] == pytest.approx(5 / 6)
     runtime = load_runtime(str(tiny_models["llama"]), device="cpu", dtype="float32")
     linear = sum(
@@ -129,9 +130,17 @@ def test_bench_reports_layers_and_counted_flops(tiny_models):
         if isinstance(m, torch.nn.Linear)
     )
     assert mean["flops"] == 2 * mean["tokens"] * linear  # one text: no padding; CPU SDPA is not counted
-    for row in (mean, htp):
+    assert mean16["flops"] == mean["flops"] and mean16["tokens"] == mean["tokens"]
+    peaks = out["matmul_peaks"]
+    assert set(peaks) == {"float32", "bfloat16"} and min(peaks.values()) > 1e9
+    for row in out["rows"]:
         assert row["vectors_per_second"] == pytest.approx(1 / row["seconds"])
-        assert row["fraction_of_peak"] == pytest.approx(
-            row["flops"] / row["seconds"] / row["matmul_peak_flops_per_second"]
+        assert row["matmul_peak_flops_per_second"] == peaks[row["dtype"]]
+        assert row["fraction_of_peak"] == pytest.approx(row["flops"] / row["seconds"] / peaks[row["dtype"]])
+        assert row["fraction_of_best_peak"] == pytest.approx(
+            row["flops"] / row["seconds"] / max(peaks.values())
         )
+        assert row["anchor"] == "transformers forward + mean"
+        anchor_rate = row["anchor_tokens_per_second"]
+        assert row["ratio_to_anchor"] == pytest.approx(row["tokens_per_second"] / anchor_rate)
         assert 0 < row["query_p50_ms"] <= row["query_p95_ms"] and row["peak_rss_mib"] > 100

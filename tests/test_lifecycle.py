@@ -85,6 +85,27 @@ def test_incremental_build_embeds_only_what_changed(workspace, tiny_models, tmp_
     assert json.loads(lexical)[0]["path"].endswith("shipping.txt")
 
 
+def test_an_incremental_build_embeds_in_the_dtype_the_index_was_built_in(corpus, tiny_models, tmp_path):
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy
+
+    model, index = tiny_models["qwen2"], tmp_path / "index"
+    assert build(corpus, index, model, "--dtype", "bfloat16")["dtype"] == "bfloat16"
+    note = corpus / "notes" / "kites.md"
+    note.write_text("A kite flies because the wind pushes on its sail.\n")
+    assert build(corpus, index, model)["dtype"] == "bfloat16"  # auto: the index's dtype
+    (_, stored), *more = [v for (path, _), v in stored_vectors(index).items() if path == str(note)]
+    assert not more
+    text = note.read_text()
+    for dtype, expected in (("bfloat16", 0.99999), ("float32", None)):
+        runtime = load_runtime(str(model), device="cpu", dtype=dtype)
+        cosine = float(create_strategy("prompteol", runtime).encode([text])[0] @ stored)
+        if expected:
+            assert cosine > expected
+        else:
+            assert cosine < 0.9999  # float32 would give a visibly different vector on this model
+
+
 def test_a_build_streams_groups_and_skips_files_unreadable_on_the_second_read(
     built, tiny_models, tmp_path, monkeypatch
 ):

@@ -41,6 +41,8 @@ PROBES = {
 # average over 13 documents. Chance gives 1/13 first and 0.25; htp with a placeholder at the
 # attention sink (before --sink) gave 2 first and 0.42 on SmolLM2. The default strategy must find all.
 MIN_FOUND_FIRST, MIN_MRR = 3, 0.5
+BFLOAT16_MIN_COSINE = 0.999  # bf16 vs float32 vectors, for every strategy that --dtype auto runs in bf16
+BFLOAT16_CHECKED_TOKENS = 3000  # the first chunks up to this many tokens are embedded in float32 too
 PROMPTEOL_STS_FLOOR = 60.0  # Spearman x 100 on 200 dev pairs; the same architecture with random weights: ~0
 
 
@@ -59,6 +61,14 @@ def real_runtime(request):
 
 
 @pytest.fixture(scope="session")
+def bfloat16_runtime(real_runtime):
+    """The same model in bfloat16 (the same converted weights, rounded on load)."""
+    from ragidx.indexer.runtime import load_runtime
+
+    return load_runtime(real_runtime.model_id, device="cpu", dtype="bfloat16")
+
+
+@pytest.fixture(scope="session")
 def sample_documents():
     from ragidx.indexer.sources import SourceDocument, read_document, scan
 
@@ -73,25 +83,30 @@ def decoder_strategies() -> list[str]:
 
 
 @pytest.mark.parametrize("name", decoder_strategies())
-def test_every_strategy_finds_the_source_documents_of_the_probes(name, real_runtime, sample_documents):
-    """Dense search over the sample corpus's chunks, documents ranked by their best chunk."""
+def test_every_strategy_finds_the_source_documents_of_the_probes(
+    name, real_runtime, bfloat16_runtime, sample_documents
+):
+    """Dense search over the sample corpus's chunks, documents ranked by their best chunk, in the
+    dtype ``--dtype auto`` may choose; bf16 vectors within cosine 0.999 of float32 ones."""
     from ragidx.indexer.chunking import Chunker
-    from ragidx.indexer.strategies import create_strategy, default_strategy_name
+    from ragidx.indexer.strategies import create_strategy, default_strategy_name, strategy_class
 
-    strategy = create_strategy(name, real_runtime)
+    rounded = strategy_class(name).bfloat16_ok
+    strategy = create_strategy(name, bfloat16_runtime if rounded else real_runtime)
     chunker = Chunker(real_runtime.tokenizer, strategy.default_chunk_tokens, 1, None)
-    texts, owners, sentences = [], [], []
+    texts, owners, sentences, tokens = [], [], [], []
     for document in sample_documents:
         for chunk in chunker.chunk(document.text):
             texts.append(chunk.text)
             owners.append(Path(document.path).name)
             sentences.append([(start - chunk.start, end - chunk.start) for start, end in chunk.sentences])
+            tokens.append(chunk.token_count)
     vectors = strategy.encode(texts, "document", sentences=sentences)
     assert vectors.shape == (len(texts), strategy.dimension)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
-    scores = strategy.encode(list(PROBES), "query") @ vectors.T
+    queries = strategy.encode(list(PROBES), "query")
     ranks = {}
-    for probe, row in zip(PROBES, scores, strict=True):
+    for probe, row in zip(PROBES, queries @ vectors.T, strict=True):
         documents = list(dict.fromkeys(owners[i] for i in np.argsort(-row, kind="stable")))
         ranks[probe] = documents.index(PROBES[probe]) + 1
     found_first = sum(rank == 1 for rank in ranks.values())
@@ -99,6 +114,14 @@ def test_every_strategy_finds_the_source_documents_of_the_probes(name, real_runt
     assert found_first >= MIN_FOUND_FIRST and mrr >= MIN_MRR, ranks
     if name == default_strategy_name(real_runtime):
         assert found_first == len(PROBES), ranks
+    if rounded:
+        exact = create_strategy(name, real_runtime)
+        some = slice(0, max(1, int(np.searchsorted(np.cumsum(tokens), BFLOAT16_CHECKED_TOKENS))))
+        cosines = np.concatenate([
+            np.sum(vectors[some] * exact.encode(texts[some], "document", sentences=sentences[some]), axis=1),
+            np.sum(queries * exact.encode(list(PROBES), "query"), axis=1),
+        ])  # fmt: skip
+        assert cosines.min() >= BFLOAT16_MIN_COSINE, (cosines.argmin(), cosines.min())
 
 
 def test_prompteol_reaches_the_sts_floor_that_random_weights_cannot(real_runtime):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_missing_models_say_how_to_pass_a_folder(tmp_path, monkeypatch):
 
 def test_device_and_dtype_resolution():
     assert resolve_dtype("auto", "cuda") == "bfloat16"
-    assert resolve_dtype("auto", "cpu") == "float32"
+    assert resolve_dtype("auto", "cpu") == "float32"  # no model shape to measure: the safe choice
     assert resolve_dtype("bfloat16", "cpu") == "bfloat16"
     assert resolve_device("cpu") == "cpu"
     if not torch.cuda.is_available():
@@ -89,6 +90,76 @@ def test_device_and_dtype_resolution():
             resolve_device("cuda")
     with pytest.raises(RagidxError, match="unknown dtype"):
         resolve_dtype("int4", "cpu")
+
+
+SHAPE = SimpleNamespace(hidden_size=576, intermediate_size=1536)
+
+
+@pytest.fixture
+def probes(monkeypatch, tmp_path):
+    """Count the timing probes and let each test say what they measure; a private cache folder."""
+    from ragidx.indexer import precision
+
+    monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(precision, "cpu_has_bfloat16_instructions", lambda: True)
+    calls: list[tuple[int, int]] = []
+    measured = {"float32": 100.0, "bfloat16": 250.0}
+
+    def probe(hidden: int, intermediate: int) -> precision.PrecisionProbe:
+        calls.append((hidden, intermediate))
+        return precision.PrecisionProbe(measured["float32"], measured["bfloat16"])
+
+    monkeypatch.setattr(precision, "probe_precision", probe)
+    cache = tmp_path / "precision.json"
+    return SimpleNamespace(calls=calls, measured=measured, module=precision, cache=cache)
+
+
+def test_auto_on_cpu_takes_the_dtype_measured_faster_and_measures_once_per_shape(probes):
+    assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
+    assert probes.calls == [(576, 1536)]
+    probes.measured.update(bfloat16=10.0)  # a second answer would flip the choice: it must not be asked
+    assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
+    assert probes.calls == [(576, 1536)]
+    (entry,) = json.loads(probes.cache.read_text()).values()
+    assert entry == {"float32_gflops": 100.0, "bfloat16_gflops": 250.0}
+    assert resolve_dtype("auto", "cpu", SimpleNamespace(hidden_size=64, intermediate_size=128)) == "float32"
+    assert probes.calls[-1] == (64, 128)
+
+
+def test_auto_on_cpu_needs_a_clear_bfloat16_win(probes):
+    probes.measured.update(bfloat16=115.0)  # 1.15x: within noise, not worth the rounding
+    assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
+
+
+def test_auto_on_cpu_stays_float32_without_bf16_instructions_or_for_a_float32_strategy(probes, monkeypatch):
+    assert resolve_dtype("auto", "cpu", SHAPE, bfloat16_ok=False) == "float32"
+    assert resolve_dtype("auto", "cuda", SHAPE, bfloat16_ok=False) == "float32"
+    monkeypatch.setattr(probes.module, "cpu_has_bfloat16_instructions", lambda: False)
+    assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
+    assert probes.calls == []  # emulated bf16 is never faster: nothing to measure
+
+
+def test_a_damaged_precision_cache_is_measured_again(probes):
+    probes.cache.write_text("{not json")
+    assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
+    probes.cache.write_text(json.dumps({probes.module._machine_key(576, 1536): {"old": 1}}))
+    assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
+    assert len(probes.calls) == 2
+
+
+def test_the_precision_probe_times_a_real_product():
+    from ragidx.indexer.precision import linear_flops_per_second
+
+    rate = linear_flops_per_second(torch.float32, 64, 128, tokens=32, seconds=0.05)
+    assert 1e6 < rate < 1e14  # FLOP/s, not seconds or GFLOP/s
+
+
+def test_strategies_that_bf16_moves_too_far_keep_auto_at_float32():
+    from ragidx.indexer.strategies import REGISTRY, bfloat16_ok
+
+    assert [name for name, cls in REGISTRY.items() if not cls.bfloat16_ok] == ["cp", "kv-embedding"]
+    assert bfloat16_ok([None, "auto", "prompteol", "htp"])
+    assert not bfloat16_ok(["prompteol", "kv-embedding"])
 
 
 def test_bfloat16_loads_and_stays_close_to_float32(tiny_models, runtimes):

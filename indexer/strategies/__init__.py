@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ragidx.indexer.errors import RagidxError
@@ -42,6 +43,7 @@ __all__ = [
     "BatchSettings",
     "Role",
     "Strategy",
+    "bfloat16_ok",
     "create_strategy",
     "default_strategy_name",
     "strategy_from_index",
@@ -53,6 +55,11 @@ def strategy_class(name: str) -> type[Strategy]:
         return REGISTRY[name]
     except KeyError:
         raise RagidxError(f"unknown strategy '{name}': choose one of {', '.join(REGISTRY)}") from None
+
+
+def bfloat16_ok(names: Iterable[str | None]) -> bool:
+    """Whether every named strategy may run in bfloat16 (``None`` and ``auto`` pick only ones that may)."""
+    return all(strategy_class(name).bfloat16_ok for name in names if name not in (None, "auto"))
 
 
 def default_strategy_name(runtime: ModelRuntime) -> str:

@@ -95,6 +95,9 @@ class Strategy(ABC):
     default_max_length: ClassVar[int] = 512
     default_chunk_tokens: ClassVar[int] = 256
     text_slots: ClassVar[int] = 1
+    # Whether bfloat16 weights keep this strategy's vectors within cosine 0.999 of float32 on the
+    # real models (tests/test_real_models.py); if not, ``--dtype auto`` stays float32 on CPUs.
+    bfloat16_ok: ClassVar[bool] = True
 
     def __init__(
         self,
