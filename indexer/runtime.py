@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.models import ModelSource, resolve_model
+from ragidx.indexer.packed_linear import pack_linear_weights
 
 if TYPE_CHECKING:
     import torch
@@ -382,6 +383,8 @@ def load_runtime(
         # Padding is always masked out, so any id will do; EOS is what decoders usually lack a pad for.
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     network_model.to(device).eval().requires_grad_(False)
+    if device == "cpu":
+        pack_linear_weights(network_model)
     local = location if Path(location).is_dir() else None
     model_file = source.gguf.record() if source.gguf else None
     revision = getattr(config, "_commit_hash", None)

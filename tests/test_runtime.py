@@ -162,6 +162,29 @@ def test_strategies_that_bf16_moves_too_far_keep_auto_at_float32():
     assert not bfloat16_ok(["prompteol", "kv-embedding"])
 
 
+def test_bf16_linears_on_cpu_are_packed_once_and_compute_exactly_the_same(tiny_models, runtimes):
+    from transformers import AutoModel
+
+    folder = str(tiny_models["llama"])
+    runtime = load_runtime(folder, device="cpu", dtype="bfloat16")
+    linears = [m for m in runtime.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all("forward" in vars(m) for m in linears)  # an instance forward: the packed one
+    assert not any("forward" in vars(m) for m in runtimes["llama"].model.modules())  # float32: untouched
+    plain = AutoModel.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    texts = ["Some text here.", "Another, longer text to pad against the first one."]
+    batch = next(runtime.batches(runtime.tokenize(texts), 8, 10_000))
+    with torch.inference_mode():
+        expected = plain(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).last_hidden_state
+    torch.testing.assert_close(runtime.forward(batch), expected, rtol=0, atol=0)
+    from ragidx.indexer.packed_linear import unpacked
+
+    with unpacked(runtime.model):  # what bench's hand-written anchor runs
+        assert not any("forward" in vars(m) for m in linears)
+    assert all("forward" in vars(m) for m in linears)
+
+
 def test_bfloat16_loads_and_stays_close_to_float32(tiny_models, runtimes):
     from ragidx.indexer.strategies import create_strategy
 

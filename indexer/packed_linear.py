@@ -1,0 +1,83 @@
+"""bf16 linear layers on a CPU with their weights reordered for oneDNN once, not on every call.
+
+oneDNN's bf16 matrix product repacks a plain weight into its blocked (VNNI) layout on every
+call. At the few rows of a query that repacking dominates: SmolLM2's 210 products per forward
+ran at about 6 GB/s of weights against ~30 GB/s of memory bandwidth. Reordering each weight once,
+as torch.compile's freezing pass does, gives bit-identical outputs, halves a decoder query's
+latency and speeds builds by about a sixth (README, "Precision").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def _packing_ops() -> tuple[Any, Any] | None:
+    """torch's oneDNN reorder and packed-linear operators, or None where this torch lacks them."""
+    import torch
+
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _count_flops_of_packed_products(linear: Any) -> None:
+    """Teach torch's FLOP counter the packed product (2 x rows x inputs x outputs), once."""
+    from torch.utils.flop_counter import register_flop_formula
+
+    def flops(inputs: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        rows = 1
+        for size in inputs[:-1]:
+            rows *= size
+        return 2 * rows * inputs[-1] * out_shape[-1]
+
+    with contextlib.suppress(RuntimeError):  # registered already, by an earlier model in this process
+        register_flop_formula(linear)(flops)
+
+
+def pack_linear_weights(model: nn.Module) -> int:
+    """Give every bf16 CPU ``nn.Linear`` of ``model`` a pre-packed weight; returns how many.
+
+    The module keeps its ``weight`` (strategies and tests read it); only ``forward`` changes.
+    """
+    import torch
+
+    ops = _packing_ops()
+    if ops is None or not torch.backends.mkldnn.is_available():
+        return 0
+    reorder, linear = ops
+    _count_flops_of_packed_products(linear)
+    packed = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, torch.nn.Linear) or weight is None:
+            continue
+        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+            continue
+        blocked = reorder(weight.detach())
+
+        def forward(self: nn.Linear, inputs: torch.Tensor, blocked: torch.Tensor = blocked) -> torch.Tensor:
+            return linear(inputs, blocked, self.bias, "none", [], "")
+
+        module.forward = types.MethodType(forward, module)
+        packed += 1
+    return packed
+
+
+@contextlib.contextmanager
+def unpacked(model: nn.Module) -> Iterator[None]:
+    """Inside the block ``model``'s linear layers run as transformers ships them (for baselines)."""
+    packed = {module: vars(module).pop("forward") for module in model.modules() if "forward" in vars(module)}
+    try:
+        yield
+    finally:
+        for module, forward in packed.items():
+            module.forward = forward
