@@ -280,10 +280,12 @@ def run_bench(
     queries: int,
 ) -> BenchReport:
     """Every strategy in every dtype over the same chunks, with the probes and anchors in one run."""
-    from ragidx.indexer.runtime import load_runtime, resolve_device
+    from ragidx.indexer.runtime import load_runtime, resolve_device, resolve_dtype
     from ragidx.indexer.strategies import bfloat16_ok, create_strategy, default_strategy_name
 
     device = resolve_device(device)
+    for dtype in dtypes:
+        resolve_dtype(dtype, device)  # a misspelt dtype fails now, not after the probes
     peaks = matmul_peaks(device)
     rows: list[BenchRow] = []
     chunks: list[str] = []

@@ -9,7 +9,7 @@ import pytest
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.evaluation import document_text, load_beir, load_sts, subsample
 from ragidx.indexer.metrics import mean_retrieval_metrics, spearman
-from test_cli import ragidx
+from test_cli import assert_one_line_error, ragidx
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +144,5 @@ def test_bench_reports_layers_and_counted_flops(tiny_models):
         anchor_rate = row["anchor_tokens_per_second"]
         assert row["ratio_to_anchor"] == pytest.approx(row["tokens_per_second"] / anchor_rate)
         assert 0 < row["query_p50_ms"] <= row["query_p95_ms"] and row["peak_rss_mib"] > 100
+    wrong = ragidx("bench", "--model", tiny_models["llama"], "--dtype", "float32,int4", check=False)
+    assert_one_line_error(wrong, r"unknown dtype 'int4'")
