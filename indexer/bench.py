@@ -266,7 +266,7 @@ class BenchReport:
     rows: list[BenchRow]
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "rows": [row.to_dict() for row in self.rows]}
+        return asdict(self)  # rows included: asdict recurses into dataclasses
 
 
 def run_bench(
