@@ -223,6 +223,12 @@ def cli(debug: bool) -> None:
     "--rebuild", is_flag=True, help="Re-embed everything (needed to change model, strategy or settings)."
 )
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run.")
+@click.option(
+    "--tune/--no-tune",
+    default=True,
+    show_default=True,
+    help="Tune the hybrid weights on pseudo-queries from the corpus (new index, or >10% change).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **options: Any) -> None:
     """Index the documents under PATHS, or bring the index up to date with them.
@@ -261,6 +267,8 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     click.echo(f"vectors: {report.vector_index.describe()}")
     if report.vector_index_rebuilt:
         click.echo(f"  rebuilt: {report.vector_index_rebuilt}")
+    if report.tuning:
+        click.echo(report.tuning.describe())
 
 
 @cli.command()
@@ -292,6 +300,11 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
 @click.option(
     "--min-score", type=float, default=None, help="Drop hits scoring below this (the mode's own scale)."
 )
+@click.option(
+    "--weights",
+    default=None,
+    help="Hybrid fusion weights, e.g. dense=0.3,lexical=0.7 (default: the index's tuned weights).",
+)
 @_search_parameter_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as a JSON list.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per result.")
@@ -308,6 +321,7 @@ def query(
     exts: tuple[str, ...],
     meta: tuple[str, ...],
     min_score: float | None,
+    weights: str | None,
     ef_search: int | None,
     nprobe: int | None,
     as_json: bool,
@@ -316,13 +330,17 @@ def query(
     """Search the index for TEXT."""
     from ragidx.app import Index
     from ragidx.indexer.filters import Filters
+    from ragidx.indexer.fusion import Fusion
 
     if as_json and as_jsonl:
         raise RagidxError("--json and --jsonl exclude each other")
     filters = Filters.create(paths, exts, Filters.parse_meta(meta))
+    fusion = Fusion.parse(weights) if weights is not None else None
     with Index.open(index_dir, device=device, dtype=dtype) as index:
         index.check_compatible(model, strategy)
-        hits = index.search(text, k, mode, filters, min_score, ef_search=ef_search, nprobe=nprobe)
+        hits = index.search(
+            text, k, mode, filters, min_score, weights=fusion, ef_search=ef_search, nprobe=nprobe
+        )
     if as_json:
         _print_json([hit.to_dict() for hit in hits])
     elif as_jsonl:
@@ -517,7 +535,11 @@ def _names(value: str | None) -> list[str | None]:
 @click.option("--split", default="test", show_default=True, help="qrels/<split>.tsv to score against.")
 @click.option("--strategy", default=None, help="Comma-separated strategies (default: the model's default).")
 @click.option(
-    "--mode", "modes", default="dense,lexical,hybrid", show_default=True, help="Comma-separated search modes."
+    "--mode",
+    "modes",
+    default="dense,lexical,hybrid-equal,hybrid",
+    show_default=True,
+    help="Comma-separated: dense, lexical, hybrid (the index's tuned weights), hybrid-equal (plain RRF).",
 )
 @_model_option
 @click.option("--max-docs", type=click.IntRange(min=1), default=None, help="Subsample the corpus.")
@@ -553,14 +575,16 @@ def eval_retrieval(
     Each strategy gets a temporary index of the corpus; with --index DIR the index there is
     reused if it exists, and otherwise built there and kept.
     """
-    from ragidx.app.retriever import MODES
-    from ragidx.indexer.evaluation import evaluate_retrieval, load_beir, subsample
+    from ragidx.indexer.evaluation import EVAL_MODES, evaluate_retrieval, load_beir, subsample
     from ragidx.indexer.pipeline import BuildOptions
+    from ragidx.indexer.tuning import TuningReport
 
     mode_list = [mode for mode in _names(modes) if mode]
-    unknown = sorted(set(mode_list) - set(MODES))
+    unknown = sorted(set(mode_list) - set(EVAL_MODES))
     if unknown or not mode_list:
-        raise RagidxError(f"unknown mode {', '.join(unknown) or modes!r}: choose from {', '.join(MODES)}")
+        raise RagidxError(
+            f"unknown mode {', '.join(unknown) or modes!r}: choose from {', '.join(EVAL_MODES)}"
+        )
     strategies = _names(strategy)
     if index_dir and len(strategies) > 1:
         raise RagidxError("--index holds one strategy's index: give one --strategy with it")
@@ -585,15 +609,18 @@ def eval_retrieval(
         f"model {report.model}"
     )
     click.echo(
-        f"{'strategy':<14}{'mode':<9}{'nDCG@10':>8}{'R@10':>8}{'R@100':>8}{'MRR@10':>8}"
+        f"{'strategy':<14}{'mode':<14}{'nDCG@10':>8}{'R@10':>8}{'R@100':>8}{'MRR@10':>8}"
         f"{'build s':>9}{'ms/query':>10}"
     )
     for row in report.rows:
         m = row.metrics
         click.echo(
-            f"{row.strategy:<14}{row.mode:<9}{m['ndcg@10']:>8.4f}{m['recall@10']:>8.4f}"
+            f"{row.strategy:<14}{row.mode:<14}{m['ndcg@10']:>8.4f}{m['recall@10']:>8.4f}"
             f"{m['recall@100']:>8.4f}{m['mrr@10']:>8.4f}{row.build_seconds:>9.1f}{row.query_ms:>10.1f}"
         )
+    for strategy_name, fusion in report.fusion.items():
+        if fusion and "hybrid" in mode_list:
+            click.echo(f"{strategy_name}: {TuningReport.from_meta(fusion).describe()}")
 
 
 @evaluate.command(name="sts")
@@ -784,6 +811,7 @@ def info(index_dir: Path | None, as_json: bool) -> None:
         _print_json(data)
         return
     params = data.pop("strategy_params", {})
+    fusion = data.pop("fusion", None) or {"weights": "equal (never tuned)"}
     rows = [
         (key, json.dumps(value) if isinstance(value, dict | list) else str(value))
         for key, value in data.items()
@@ -792,9 +820,43 @@ def info(index_dir: Path | None, as_json: bool) -> None:
         (f"strategy.{key}", json.dumps(value) if isinstance(value, str) else str(value))
         for key, value in params.items()
     ]
+    rows += [
+        (f"fusion.{key}", json.dumps(value) if isinstance(value, dict | list) else str(value))
+        for key, value in fusion.items()
+    ]
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
+
+
+@cli.command()
+@_index_option
+@click.option(
+    "--queries",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Pseudo-queries to draw from the corpus (default 100).",
+)
+@_device_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def tune(index_dir: Path | None, queries: int | None, device: str, as_json: bool) -> None:
+    """Re-tune the index's hybrid fusion weights on pseudo-queries drawn from its own documents.
+
+    A sentence is cut out of a chunk and searched for, the rest of the chunk standing in for it;
+    the chunk's document is the answer. The dense weight with the best nDCG@10 is stored in the
+    index when it beats equal weights by more than the noise.
+    """
+    from ragidx.indexer.store import IndexReader, IndexWriter, default_index_dir
+    from ragidx.indexer.tuning import DEFAULT_QUERIES, tune_and_store
+
+    directory = index_dir or default_index_dir()
+    IndexReader(directory).close()  # a clear error, and no folder created, where there is no index
+    with IndexWriter(directory) as writer:
+        report = tune_and_store(writer, limit=queries or DEFAULT_QUERIES, device=device)
+    if as_json:
+        _print_json(report.to_meta())
+    else:
+        click.echo(report.describe())
 
 
 @cli.command()

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from ragidx.app.snippets import Snippet, make_snippet, query_stems
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.filters import Filters
+from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.store import IndexReader, default_index_dir, read_meta
 
 if TYPE_CHECKING:
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
 MODES = ("hybrid", "dense", "lexical")
 MODEL_SETTINGS = ("model", "model_file", "strategy", "strategy_params")
 SNAPSHOT_ATTEMPTS = 5
-RRF_K = 60
 MIN_CANDIDATES = 100  # per list before fusion: enough that fusion can promote a chunk from far down
 
 
@@ -47,6 +47,8 @@ class Hit:
 
 
 FilterSpec = Filters | Mapping[str, Any] | None
+WeightSpec = Fusion | Mapping[str, float] | None
+Result = TypeVar("Result")
 
 
 class Index:
@@ -58,12 +60,14 @@ class Index:
         device: str = "auto",
         dtype: str | None = None,
         trust_remote_code: bool = False,
+        strategy: Strategy | None = None,
     ):
+        """``strategy``: one already loaded with the index's settings (a build tuning its result)."""
         self.reader = reader
         self.device = device
         self.dtype = dtype or reader.meta.get("dtype", "auto")
         self.trust_remote_code = trust_remote_code
-        self._strategy: Strategy | None = None
+        self._strategy: Strategy | None = strategy
         self._vectors: Any = None
 
     @classmethod
@@ -98,14 +102,13 @@ class Index:
         return self.reader.meta
 
     def refresh(self) -> None:
-        """Follow a build that committed since this index was opened (a server stays up across builds)."""
-        generation = self.reader.db.execute("select value from meta where key = 'generation'").fetchone()
-        if generation is None or int(generation[0]) == self.meta.get("generation"):
-            return
-        old = self.meta
-        self.reader.meta = read_meta(self.reader.db)
-        self._vectors = None
-        if any(old.get(key) != self.meta.get(key) for key in MODEL_SETTINGS):
+        """Follow a build or a tuning that committed since this index was opened (a server stays up
+        across builds); a new generation drops the loaded vectors, another model the strategy."""
+        meta = read_meta(self.reader.db)
+        old, self.reader.meta = self.meta, meta
+        if meta.get("generation") != old.get("generation"):
+            self._vectors = None
+        if any(old.get(key) != meta.get(key) for key in MODEL_SETTINGS):
             self._strategy = None
 
     def _on_gpu(self) -> bool:
@@ -155,20 +158,25 @@ class Index:
         filters: FilterSpec = None,
         min_score: float | None = None,
         *,
+        weights: WeightSpec = None,
         ef_search: int | None = None,
         nprobe: int | None = None,
     ) -> list[Hit]:
         """The ``k`` best chunks for ``query``.
 
         ``dense``: inner product of the vectors (the score is the cosine); ``lexical``: FTS5 BM25
-        over the chunk text (the score is -bm25); ``hybrid`` (default): reciprocal rank fusion,
-        Σ 1/(60 + rank), of both lists' top candidates (the score is the fused value).
+        over the chunk text (the score is -bm25); ``hybrid`` (default): weighted reciprocal rank
+        fusion, Σ w/(60 + rank), of both lists' top candidates (the score is the fused value), with
+        the index's tuned weights unless ``weights`` (``{"dense": 0.3, "lexical": 0.7}`` or a
+        :class:`Fusion`) are given.
         ``filters`` (a :class:`Filters` or ``{"path": ..., "ext": ..., "meta": {...}}``) restrict
         the candidates inside each search, so ``k`` hits come back whenever ``k`` chunks match;
         ``min_score`` then drops hits scoring below it. ``ef_search`` (HNSW) and ``nprobe`` (IVF)
         override the index's stored search parameters for this call.
         """
-        return self.search_many([query], k, mode, filters, min_score, ef_search=ef_search, nprobe=nprobe)[0]
+        return self.search_many(
+            [query], k, mode, filters, min_score, weights=weights, ef_search=ef_search, nprobe=nprobe
+        )[0]
 
     def search_many(
         self,
@@ -178,6 +186,7 @@ class Index:
         filters: FilterSpec = None,
         min_score: float | None = None,
         *,
+        weights: WeightSpec = None,
         ef_search: int | None = None,
         nprobe: int | None = None,
     ) -> list[list[Hit]]:
@@ -190,19 +199,39 @@ class Index:
         tuning = {"ef_search": ef_search, "nprobe": nprobe}
         if mode not in MODES:
             raise RagidxError(f"unknown mode '{mode}': choose one of {', '.join(MODES)}")
+        if weights is not None and mode != "hybrid":
+            raise RagidxError(f"weights apply to hybrid search, not to {mode}")
         if any(not query.strip() for query in queries):
             raise RagidxError("the query is empty")
         chosen = filters if isinstance(filters, Filters) else Filters.from_mapping(filters)
+        given = weights if isinstance(weights, Fusion) or weights is None else Fusion.from_weights(weights)
+        return self._in_snapshot(
+            mode != "lexical",
+            lambda: self._search_snapshot(queries, k, mode, chosen, min_score, given, tuning),
+        )
+
+    def rankings(
+        self, queries: Sequence[str], depth: int, vectors: np.ndarray | None = None
+    ) -> list[dict[str, list[tuple[int, float]]]]:
+        """Each query's dense and lexical candidates (chunk id, score), best first: what hybrid
+        search fuses. ``vectors``: the queries' embeddings, where the caller has them. For tuning."""
+        return self._in_snapshot(
+            True, lambda: self._ranked_lists(queries, depth, "hybrid", Filters(), {}, vectors)
+        )
+
+    def _in_snapshot(self, needs_vectors: bool, read: Callable[[], Result]) -> Result:
+        """``read()`` inside one snapshot of the newest committed generation (retried if that
+        generation's vector file is replaced before it can be opened)."""
         for _ in range(SNAPSHOT_ATTEMPTS):
             with self.reader.snapshot():
                 self.refresh()
-                if mode != "lexical" and self._vectors is None:
+                if needs_vectors and self._vectors is None:
                     self._vectors = self.reader.load_vectors()
                     if self._vectors is None:
                         continue  # this generation's file is already gone: a newer snapshot has its own
                     if self._on_gpu():
                         self._vectors.use_gpu()
-                return self._search_snapshot(queries, k, mode, chosen, min_score, tuning)
+                return read()
         raise RagidxError("the index changed during every attempt to read it; try again")
 
     def _search_snapshot(
@@ -212,31 +241,50 @@ class Index:
         mode: str,
         filters: Filters,
         min_score: float | None,
+        weights: Fusion | None,
         tuning: dict[str, int | None],
     ) -> list[list[Hit]]:
-        allowed = self.reader.filtered_chunk_ids(filters) if filters else None
-        if allowed is not None and not len(allowed):
-            return [[] for _ in queries]
         candidates = k if mode != "hybrid" else max(MIN_CANDIDATES, 2 * k)
-        dense = self._dense_rankings(queries, candidates, allowed, tuning) if mode != "lexical" else None
+        fusion = weights or Fusion.of_index(self.meta)
         results = []
-        for index, query in enumerate(queries):
-            ranked = {
-                "dense": dense[index] if dense is not None else [],
-                "lexical": self.reader.lexical_search(query, candidates, filters) if mode != "dense" else [],
-            }
-            scored = reciprocal_rank_fusion(ranked.values()) if mode == "hybrid" else ranked[mode]
+        for query, ranked in zip(
+            queries, self._ranked_lists(queries, candidates, mode, filters, tuning), strict=True
+        ):
+            scored = fusion.fuse(ranked) if mode == "hybrid" else ranked[mode]
             if min_score is not None:
                 scored = [(chunk_id, score) for chunk_id, score in scored if score >= min_score]
             results.append(self._hits(query, scored[:k], ranked))
         return results
 
+    def _ranked_lists(
+        self,
+        queries: Sequence[str],
+        limit: int,
+        mode: str,
+        filters: Filters,
+        tuning: dict[str, int | None],
+        vectors: np.ndarray | None = None,
+    ) -> list[dict[str, list[tuple[int, float]]]]:
+        """Per query, the dense and lexical candidates the mode needs (the other list empty)."""
+        allowed = self.reader.filtered_chunk_ids(filters) if filters else None
+        if allowed is not None and not len(allowed):
+            return [{"dense": [], "lexical": []} for _ in queries]
+        if mode != "lexical" and vectors is None:
+            vectors = self.embed(list(queries), "query")
+        dense = self._dense_rankings(vectors, limit, allowed, tuning) if vectors is not None else None
+        return [
+            {
+                "dense": dense[index] if dense is not None else [],
+                "lexical": self.reader.lexical_search(query, limit, filters) if mode != "dense" else [],
+            }
+            for index, query in enumerate(queries)
+        ]
+
     def _dense_rankings(
-        self, queries: Sequence[str], limit: int, allowed: np.ndarray | None, tuning: dict[str, int | None]
+        self, vectors: np.ndarray, limit: int, allowed: np.ndarray | None, tuning: dict[str, int | None]
     ) -> list[list[tuple[int, float]]]:
         """Nearest chunks by inner product; ``allowed`` ids restrict the search itself, so
         filtered-out chunks never cost results (see :meth:`VectorIndex.search`)."""
-        vectors = self.embed(list(queries), "query")
         scores, ids = self._vectors.search(vectors, limit, allowed, **tuning)
         return [
             [(int(i), float(s)) for s, i in zip(row_scores, row_ids, strict=True) if i >= 0]
@@ -292,14 +340,3 @@ class Index:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def reciprocal_rank_fusion(
-    rankings: Iterable[Sequence[tuple[int, float]]], k: int = RRF_K
-) -> list[tuple[int, float]]:
-    """Σ 1/(k + rank) over the lists an item appears in (rank from 1), best first, ties by id."""
-    fused: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, (item, _) in enumerate(ranking, start=1):
-            fused[item] = fused.get(item, 0.0) + 1.0 / (k + rank)
-    return sorted(fused.items(), key=lambda pair: (-pair[1], pair[0]))

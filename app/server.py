@@ -24,6 +24,7 @@ from ragidx.indexer.errors import RagidxError
 MAX_K = 1000
 MAX_TEXT_CHARS = 20_000
 MAX_EMBED_TEXTS = 256
+MAX_WEIGHT = 1e6  # only the ratio of the weights matters
 MAX_SEARCH_BREADTH = 65_536  # efSearch / nprobe: beyond this a request is a denial of service, not tuning
 
 MetaValue = str | int | float | bool | list[str | int | float | bool]
@@ -37,6 +38,15 @@ class FilterBody(BaseModel):
     meta: dict[str, MetaValue] | None = None
 
 
+class WeightsBody(BaseModel):
+    """Hybrid fusion weights; a list left out weighs 0."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dense: float = Field(default=0.0, ge=0, le=MAX_WEIGHT, allow_inf_nan=False)
+    lexical: float = Field(default=0.0, ge=0, le=MAX_WEIGHT, allow_inf_nan=False)
+
+
 class SearchBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +55,7 @@ class SearchBody(BaseModel):
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
     filters: FilterBody | None = None
     min_score: float | None = None
+    weights: WeightsBody | None = None
     ef_search: int | None = Field(default=None, ge=1, le=MAX_SEARCH_BREADTH)
     nprobe: int | None = Field(default=None, ge=1, le=MAX_SEARCH_BREADTH)
 
@@ -97,9 +108,12 @@ def create_app(index: Index) -> FastAPI:
     @app.post("/search")
     def search(body: SearchBody) -> dict[str, Any]:
         filters = body.filters.model_dump(exclude_none=True) if body.filters else None
+        weights = body.weights.model_dump() if body.weights else None
         with lock:
             tuning = {"ef_search": body.ef_search, "nprobe": body.nprobe}
-            hits = index.search(body.query, body.k, body.mode, filters, body.min_score, **tuning)
+            hits = index.search(
+                body.query, body.k, body.mode, filters, body.min_score, weights=weights, **tuning
+            )
         return {"query": body.query, "mode": body.mode, "k": body.k, "hits": [hit.to_dict() for hit in hits]}
 
     @app.post("/embed")

@@ -19,9 +19,17 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.metrics import mean_retrieval_metrics, spearman
 
 DOCUMENTS_PER_QUERY = 100  # the deepest cut-off any metric reads (Recall@100)
+# Eval modes: the search modes, plus hybrid with fixed equal weights to set beside the tuned ones.
+EVAL_MODES: dict[str, tuple[str, Fusion | None]] = {
+    "dense": ("dense", None),
+    "lexical": ("lexical", None),
+    "hybrid-equal": ("hybrid", Fusion()),
+    "hybrid": ("hybrid", None),
+}
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,7 @@ class RetrievalReport:
     queries: int
     model: str
     rows: list[RetrievalRow] = field(default_factory=list)
+    fusion: dict[str, Any] = field(default_factory=dict)  # strategy -> its index's tuned weights
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,16 +157,19 @@ class RetrievalReport:
             "queries": self.queries,
             "model": self.model,
             "rows": [row.to_dict() for row in self.rows],
+            "fusion": self.fusion,
         }
 
 
 def rank_documents(index: Any, queries: Sequence[str], mode: str) -> list[list[tuple[str, float]]]:
-    """Each query's top documents: chunk hits grouped by document, a document scored by its best chunk."""
+    """Each query's top documents in an eval ``mode`` (see ``EVAL_MODES``): chunk hits grouped by
+    document, a document scored by its best chunk."""
+    search_mode, weights = EVAL_MODES[mode]
     counts = index.reader.counts()
     chunks_per_document = counts["chunks"] / max(counts["documents"], 1)
     depth = math.ceil(DOCUMENTS_PER_QUERY * chunks_per_document) + 10
     rankings = []
-    for hits in index.search_many(list(queries), depth, mode):
+    for hits in index.search_many(list(queries), depth, search_mode, weights=weights):
         best: dict[str, float] = {}
         for hit in hits:
             doc = document_id(hit.path)
@@ -213,6 +225,7 @@ def evaluate_retrieval(
                 build_seconds = time.perf_counter() - started
             with Index.open(target, device=options.device, dtype=None) as index:
                 name = index.meta["strategy"]
+                report.fusion[name] = index.meta.get("fusion")
                 report.rows.extend(evaluate_index(index, dataset, name, modes, build_seconds))
     return report
 

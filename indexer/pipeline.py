@@ -20,6 +20,7 @@ from ragidx.indexer.runtime import default_model, load_runtime
 from ragidx.indexer.sources import SkippedFile, SourceDocument, read_document, scan
 from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration, default_index_dir
 from ragidx.indexer.strategies import bfloat16_ok
+from ragidx.indexer.tuning import TuningReport, needs_tuning, tune_and_store
 from ragidx.indexer.vector_index import VectorIndexSettings
 
 EMBED_SLICE = 256  # chunks tokenised and embedded per step; bounds memory, not results
@@ -73,6 +74,7 @@ class BuildOptions:
     rebuild: bool = False
     trust_remote_code: bool = False
     progress: bool = True
+    tune: bool = True
 
     def vector_index(self, meta: dict[str, Any]) -> VectorIndexSettings:
         """The index type and parameters to commit: ``meta``'s, with the ones given replaced."""
@@ -125,6 +127,8 @@ class BuildReport:
     total_chunks: int
     vector_index: VectorIndexSettings
     vector_index_rebuilt: str
+    tuning: TuningReport | None = None  # when this build tuned the hybrid weights
+    fusion: dict[str, Any] | None = None  # the index's hybrid weights and the figures behind them
 
     @property
     def vectors_per_second(self) -> float:
@@ -149,6 +153,8 @@ class BuildReport:
             "total_chunks": self.total_chunks,
             "vector_index": self.vector_index.to_meta(),
             "vector_index_rebuilt": self.vector_index_rebuilt,
+            "fusion": self.fusion,
+            "tuned": self.tuning is not None,
             "tokens": self.tokens,
             "truncated_chunks": self.truncated_chunks,
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
@@ -226,8 +232,24 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
                 "ragidx_version": __version__,
             }
             committed = pending.commit(meta, vector_index=vector_index)
+        tuning = _tune(options, writer, strategy, fresh=not stored)
         skipped = scanned.skipped + embedded.skipped
-        return _report(options, writer, plan, skipped, started, meta, committed, embedded)
+        return _report(options, writer, plan, skipped, started, meta, committed, embedded, tuning)
+
+
+def _tune(options: BuildOptions, writer: IndexWriter, strategy: Any, fresh: bool) -> TuningReport | None:
+    """Tune the hybrid weights of a new index, or of one whose size moved enough since its tuning.
+
+    A fresh index built with ``tune=False`` drops the weights a previous index left in the meta:
+    they were measured for other vectors.
+    """
+    if not options.tune:
+        if fresh:
+            writer.update_meta({"fusion": None})
+        return None
+    if not (fresh or needs_tuning(writer.meta, writer.counts()["chunks"])):
+        return None
+    return tune_and_store(writer, strategy, device=options.device)
 
 
 def _dtype(options: BuildOptions, stored: dict[str, Any]) -> str:
@@ -325,6 +347,7 @@ def _report(
     meta: dict[str, Any],
     committed: Committed | None,
     embedded: Embedded | None = None,
+    tuning: TuningReport | None = None,
 ) -> BuildReport:
     totals = writer.counts()
     return BuildReport(
@@ -347,6 +370,8 @@ def _report(
         total_chunks=totals["chunks"],
         vector_index=VectorIndexSettings.from_meta(writer.meta),
         vector_index_rebuilt=committed.rebuilt if committed else "",
+        tuning=tuning,
+        fusion=writer.meta.get("fusion"),
     )
 
 

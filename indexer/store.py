@@ -252,6 +252,14 @@ class IndexReader:
         ).fetchall()
         return [(int(rowid), -float(rank)) for rowid, rank in rows]
 
+    def document_ids(self, chunk_ids: Sequence[int]) -> dict[int, int]:
+        """Each chunk's document id (chunks that no longer exist are absent)."""
+        found: dict[int, int] = {}
+        for batch in in_batches([int(i) for i in chunk_ids]):
+            marks = ",".join("?" for _ in batch)
+            found.update(self.db.execute(f"select id, document_id from chunks where id in ({marks})", batch))
+        return found
+
     def counts(self) -> dict[str, int]:
         return _counts(self.db)
 
@@ -332,6 +340,14 @@ class IndexWriter:
         with self.next_generation(removed, replace) as pending:
             pending.add(records, vectors)
             return pending.commit(meta, **options)
+
+    def update_meta(self, values: dict[str, Any]) -> None:
+        """Commit settings that belong to no generation (the tuned fusion weights) on their own;
+        readers pick them up at their next search."""
+        self.db.begin()
+        self.db["meta"].upsert_all(({"key": k, "value": json.dumps(v)} for k, v in values.items()), pk="key")
+        self.db.commit()
+        self.meta = {**self.meta, **values}
 
     def _chunk_ids_of(self, document_ids: Sequence[int]) -> np.ndarray:
         found: list[int] = []
@@ -460,7 +476,7 @@ class NextGeneration:
         )
         checkpoint("sqlite-commit")
         self.db.commit()
-        writer.meta = new_meta
+        writer.meta = {**writer.meta, **new_meta}  # as the table now reads: keys not written stay
         writer._remove_stale_vector_files(generation)
         return Committed(generation, updated.vectors.settings, updated.rebuilt)
 

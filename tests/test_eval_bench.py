@@ -46,6 +46,7 @@ def test_eval_retrieval_equals_exact_search_over_whole_documents(beir, tiny_mode
     assert [(r["strategy"], r["mode"]) for r in report["rows"]] == [
         ("mean", "dense"), ("mean", "lexical"), ("prompteol", "dense"), ("prompteol", "lexical")
     ]  # fmt: skip
+    assert report["fusion"]["mean"]["reason"].endswith("documents are too few to tune on (50 needed)")
     assert plot.read_bytes()[:4] == b"\x89PNG"
     runtime = load_runtime(str(tiny_models["llama"]), device="cpu", dtype="float32")
     for row in report["rows"][::2]:
@@ -61,6 +62,26 @@ def test_eval_retrieval_equals_exact_search_over_whole_documents(beir, tiny_mode
         expected = mean_retrieval_metrics(rankings, dataset.qrels)
         assert {k: row[k] for k in expected} == pytest.approx(expected, abs=1e-6)
     assert report["rows"][1]["ndcg@10"] == report["rows"][3]["ndcg@10"]  # BM25 does not depend on the model
+
+
+def test_eval_reports_tuned_hybrid_beside_equal_weights(beir, tiny_models, tmp_path):
+    """With the index's weights set to lexical only, ``hybrid`` ranks documents as ``lexical`` does."""
+    from ragidx.indexer.evaluation import EVAL_MODES, evaluate_retrieval
+    from ragidx.indexer.pipeline import BuildOptions
+    from ragidx.indexer.store import IndexWriter
+
+    index, dataset = tmp_path / "index", load_beir(beir, "test")
+    options = BuildOptions(model=str(tiny_models["llama"]), device="cpu", progress=False)
+    evaluate_retrieval(dataset, "test", ["mean"], ["dense"], options, index)
+    with IndexWriter(index) as writer:
+        writer.update_meta({"fusion": {**writer.meta["fusion"], "weights": {"dense": 0.0, "lexical": 1.0}}})
+    report = evaluate_retrieval(dataset, "test", ["mean"], list(EVAL_MODES), options, index)
+    rows = {row.mode: row.metrics for row in report.rows}
+    assert list(rows) == ["dense", "lexical", "hybrid-equal", "hybrid"]
+    assert report.fusion["mean"]["weights"] == {"dense": 0.0, "lexical": 1.0}
+    for metric in ("ndcg@10", "recall@10", "mrr@10"):
+        assert rows["hybrid"][metric] == rows["lexical"][metric]
+    assert rows["hybrid-equal"] != rows["hybrid"]
 
 
 def test_subsample_keeps_every_judged_document(beir):

@@ -8,9 +8,9 @@ import sqlite3
 
 import pytest
 from ragidx.app import Index
-from ragidx.app.retriever import reciprocal_rank_fusion
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.filters import Filters
+from ragidx.indexer.fusion import Fusion
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,8 @@ def test_a_filtered_search_is_the_unfiltered_ranking_restricted(index, mode):
     assert len(hits) == 3 and all("/notes/" in h.path for h in hits)
     restricted = {m: [i for i in full_ranking(index, query, m) if i in allowed] for m in ("dense", "lexical")}
     if mode == "hybrid":  # fewer than 100 chunks: the restricted rankings are the whole candidate lists
-        fused = reciprocal_rank_fusion([[(i, 0.0) for i in ranking] for ranking in restricted.values()])
+        lists = {name: [(i, 0.0) for i in ranking] for name, ranking in restricted.items()}
+        fused = Fusion.of_index(index.meta).fuse(lists)
         assert [h.chunk_id for h in hits] == [i for i, _ in fused[:3]]
     else:
         assert [h.chunk_id for h in hits] == restricted[mode][:3]

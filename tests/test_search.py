@@ -7,8 +7,8 @@ import sqlite3
 import numpy as np
 import pytest
 from ragidx.app import Index
-from ragidx.app.retriever import reciprocal_rank_fusion
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.fusion import Fusion
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +27,62 @@ def index(tmp_path_factory, tiny_models, sample_corpus):
 def test_rrf_against_a_hand_computed_example():
     dense = [(1, 0.9), (2, 0.8), (3, 0.7)]
     lexical = [(3, 5.0), (4, 4.0)]
-    fused = reciprocal_rank_fusion([dense, lexical])
+    fused = Fusion().fuse({"dense": dense, "lexical": lexical})
     assert [item for item, _ in fused] == [3, 1, 2, 4]  # 2 and 4 tie at 1/62: lower id first
     assert dict(fused) == pytest.approx({3: 1 / 63 + 1 / 61, 1: 1 / 61, 2: 1 / 62, 4: 1 / 62})
+
+
+def test_weighted_rrf_against_a_hand_computed_example():
+    dense = [(1, 0.9), (2, 0.8), (3, 0.7)]
+    lexical = [(3, 5.0), (4, 4.0)]
+    fused = Fusion(dense=0.2, lexical=0.8).fuse({"dense": dense, "lexical": lexical})
+    expected = {3: 0.2 / 63 + 0.8 / 61, 4: 0.8 / 62, 1: 0.2 / 61, 2: 0.2 / 62}
+    assert [item for item, _ in fused] == [3, 4, 1, 2]
+    assert dict(fused) == pytest.approx(expected)
+
+
+def test_a_list_weighted_zero_only_breaks_ties_and_fills_up():
+    dense = [(1, 0.9), (2, 0.8), (3, 0.7)]
+    lexical = [(3, 5.0), (4, 4.0)]
+    fused = Fusion(dense=0.0, lexical=1.0).fuse({"dense": dense, "lexical": lexical})
+    assert [item for item, _ in fused] == [3, 4, 1, 2]  # lexical unchanged, then dense-only in dense order
+    assert [score for _, score in fused] == pytest.approx([1 / 61, 1 / 62, 0.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("dense=0.3,lexcial=0.7", "weights look like"),
+        ("dense=abc", "not a number"),
+        ("dense=0,lexical=0", "not all zero"),
+        ("dense=-1,lexical=1", "non-negative"),
+        ("dense=nan", "finite"),
+        ("", "at least one"),
+    ],
+)
+def test_bad_weights_are_refused_in_one_line(text, message):
+    with pytest.raises(RagidxError, match=message):
+        Fusion.parse(text)
+
+
+def test_weights_parse_and_normalise():
+    assert Fusion.parse("dense=3, lexical=1").normalised() == Fusion(0.75, 0.25)
+    assert Fusion.parse("lexical=2") == Fusion(0.0, 2.0)
+
+
+def independent_fusion(
+    dense: list[tuple[int, float]], lexical: list[tuple[int, float]], w_dense: float, w_lexical: float
+) -> list[tuple[int, float]]:
+    """Σ w/(60 + rank), ties by the equal-weight sum and then by id: the formula, written out."""
+    items = {i for i, _ in dense} | {i for i, _ in lexical}
+    d_rank = {i: r for r, (i, _) in enumerate(dense, start=1)}
+    l_rank = {i: r for r, (i, _) in enumerate(lexical, start=1)}
+
+    def part(ranks: dict[int, int], i: int) -> float:
+        return 1 / (60 + ranks[i]) if i in ranks else 0.0
+
+    scored = [(i, w_dense * part(d_rank, i) + w_lexical * part(l_rank, i)) for i in items]
+    return sorted(scored, key=lambda p: (-p[1], -(part(d_rank, p[0]) + part(l_rank, p[0])), p[0]))
 
 
 def independent_lexical(index: Index, words: list[str]) -> list[tuple[int, float]]:
@@ -41,14 +94,14 @@ def independent_lexical(index: Index, words: list[str]) -> list[tuple[int, float
     return [(rowid, -score) for rowid, score in rows]
 
 
-def independent_dense(index: Index, query: str) -> list[tuple[int, float]]:
+def independent_dense(index: Index, query: str, limit: int = 100) -> list[tuple[int, float]]:
     import faiss
 
     stored = faiss.read_index(str(index.reader.directory / f"vectors-{index.meta['generation']}.faiss"))
     ids = faiss.vector_to_array(stored.id_map)
     vectors = np.stack([stored.reconstruct(int(i)) for i in ids])
     scores = vectors @ index.strategy.encode([query], "query")[0]
-    order = np.argsort(-scores, kind="stable")[:100]
+    order = np.argsort(-scores, kind="stable")[:limit]
     return [(int(ids[i]), float(scores[i])) for i in order]
 
 
@@ -62,7 +115,8 @@ def test_each_mode_matches_an_independent_ranking(index):
     ]
     assert [h.chunk_id for h in got["dense"]] == [i for i, _ in dense[:5]]
     np.testing.assert_allclose([h.score for h in got["dense"]], [s for _, s in dense[:5]], atol=1e-5)
-    fused = reciprocal_rank_fusion([dense, lexical])[:5]
+    tuned = index.meta["fusion"]["weights"] if index.meta.get("fusion") else {"dense": 1, "lexical": 1}
+    fused = independent_fusion(dense, lexical, tuned["dense"], tuned["lexical"])[:5]
     assert [h.chunk_id for h in got["hybrid"]] == [i for i, _ in fused]
     assert [h.score for h in got["hybrid"]] == pytest.approx([s for _, s in fused])
     dense_ranks = {chunk_id: rank for rank, (chunk_id, _) in enumerate(dense, start=1)}
@@ -72,6 +126,24 @@ def test_each_mode_matches_an_independent_ranking(index):
             dense_ranks.get(hit.chunk_id),
             lexical_ranks.get(hit.chunk_id),
         )
+
+
+@pytest.mark.parametrize("weights", [{"dense": 0.3, "lexical": 0.7}, {"dense": 1.0}, {"lexical": 1.0}])
+def test_given_weights_match_an_independent_fusion(index, weights):
+    query = "How long does shipping take for a refund?"
+    lexical = independent_lexical(index, ["how", "long", "does", "shipping", "take", "for", "a", "refund"])
+    dense = independent_dense(index, query)
+    hits = index.search(query, k=8, weights=weights)
+    fused = independent_fusion(dense, lexical, weights.get("dense", 0.0), weights.get("lexical", 0.0))[:8]
+    assert [h.chunk_id for h in hits] == [i for i, _ in fused]
+    assert [h.score for h in hits] == pytest.approx([s for _, s in fused])
+    if weights == {"lexical": 1.0}:
+        assert [h.chunk_id for h in hits] == [h.chunk_id for h in index.search(query, k=8, mode="lexical")]
+
+
+def test_weights_are_refused_outside_hybrid(index):
+    with pytest.raises(RagidxError, match="weights apply to hybrid search"):
+        index.search("refund", mode="dense", weights={"dense": 1.0})
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,15 @@ def test_search_and_embed_answer_as_the_python_api(client, index):
     )
     hit = got.json()["hits"][0]
     assert set(hit) >= {"score", "path", "text", "span", "metadata", "chunk_id", "snippet"}
+    weighted = client.post(
+        "/search", json={"query": "password reset link", "weights": {"dense": 0.2, "lexical": 1}}
+    )
+    assert response_result(weighted) == search_result(
+        index, "password reset link", weights={"dense": 0.2, "lexical": 1.0}
+    )
+    assert response_result(weighted) != response_result(
+        client.post("/search", json={"query": "password reset link"})
+    )
     vectors = client.post("/embed", json={"texts": ["one", "two words"], "role": "document"}).json()
     assert vectors["dimension"] == 64
     np.testing.assert_allclose(vectors["vectors"], index.embed(["one", "two words"], "document"), atol=1e-6)
@@ -87,6 +96,14 @@ def test_search_and_embed_answer_as_the_python_api(client, index):
         ("/search", {"query": "   "}, "the query is empty"),
         ("/search", {"query": "x", "top": 3}, "top: Extra inputs are not permitted"),
         ("/search", {"query": "x", "nprobe": 0}, "nprobe: Input should be greater than or equal to 1"),
+        ("/search", {"query": "x", "weights": {"dense": -1}}, "weights.dense: Input should be greater than"),
+        ("/search", {"query": "x", "weights": {"sparse": 1}}, "weights.sparse: Extra inputs"),
+        (
+            "/search",
+            {"query": "x", "weights": {"dense": 0}},
+            "fusion weights must be finite, non-negative and not",
+        ),
+        ("/search", {"query": "x", "mode": "dense", "weights": {"dense": 1}}, "weights apply to hybrid"),
         ("/search", {"query": "x", "ef_search": 10**6}, "ef_search: Input should be less than or equal to"),
         ("/search", {"query": "x", "filters": {"colour": "red"}}, "filters.colour: Extra inputs"),
         ("/search", {"query": "x", "filters": {"meta": {"bad key": "v"}}}, "metadata key"),

@@ -1,0 +1,92 @@
+"""Hybrid fusion: how the dense and the lexical ranking of one query become a single ranking.
+
+Weighted reciprocal rank fusion, Σ_list w_list / (60 + rank). Equal weights are plain RRF; the
+weights an index uses come from its tuning (see :mod:`ragidx.indexer.tuning`), because how far
+each list can be trusted depends on the model and the corpus.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ragidx.indexer.errors import RagidxError
+
+LISTS = ("dense", "lexical")
+RRF_K = 60
+
+Ranking = Sequence[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Per-list weights (any non-negative scale: only their ratio matters)."""
+
+    dense: float = 1.0
+    lexical: float = 1.0
+
+    def __post_init__(self) -> None:
+        weights = self.weights()
+        if any(not math.isfinite(w) or w < 0 for w in weights.values()) or not any(weights.values()):
+            raise RagidxError(
+                f"fusion weights must be finite, non-negative and not all zero, got {self.describe()}"
+            )
+
+    def weights(self) -> dict[str, float]:
+        return {"dense": self.dense, "lexical": self.lexical}
+
+    def normalised(self) -> Fusion:
+        """The same fusion with weights summing to 1 (how it is stored and shown)."""
+        total = self.dense + self.lexical
+        return Fusion(round(self.dense / total, 4), round(self.lexical / total, 4))
+
+    def describe(self) -> str:
+        return ",".join(f"{name}={weight:g}" for name, weight in self.weights().items())
+
+    def fuse(self, rankings: Mapping[str, Ranking], k: int = RRF_K) -> list[tuple[int, float]]:
+        """Every item of every list, by Σ w/(k + rank) (rank from 1), best first.
+
+        Ties, including every item of a list weighted 0, are broken by the equal-weight fusion and
+        then by id: with ``dense=0`` the lexical ranking comes first, unchanged, followed by the
+        dense-only items in their dense order.
+        """
+        weights = self.weights()
+        fused: dict[int, float] = {}
+        equal: dict[int, float] = {}
+        for name, ranking in rankings.items():
+            for rank, (item, _) in enumerate(ranking, start=1):
+                fused[item] = fused.get(item, 0.0) + weights[name] / (k + rank)
+                equal[item] = equal.get(item, 0.0) + 1.0 / (k + rank)
+        return sorted(fused.items(), key=lambda pair: (-pair[1], -equal[pair[0]], pair[0]))
+
+    @classmethod
+    def parse(cls, text: str) -> Fusion:
+        """``dense=0.3,lexical=0.7`` (a list left out weighs 0)."""
+        weights: dict[str, float] = {}
+        for part in filter(None, (piece.strip() for piece in text.split(","))):
+            name, sep, value = part.partition("=")
+            name = name.strip()
+            if not sep or name not in LISTS:
+                raise RagidxError(f"weights look like dense=0.3,lexical=0.7; got {text!r}")
+            try:
+                weights[name] = float(value)
+            except ValueError:
+                raise RagidxError(f"weight of {name} is not a number: {value.strip()!r}") from None
+        return cls.from_weights(weights)
+
+    @classmethod
+    def from_weights(cls, weights: Mapping[str, Any]) -> Fusion:
+        unknown = sorted(set(weights) - set(LISTS))
+        if unknown:
+            raise RagidxError(f"unknown list {unknown[0]!r} in weights: the lists are {', '.join(LISTS)}")
+        if not weights:
+            raise RagidxError("weights name at least one of dense, lexical")
+        return cls(**{name: float(weights.get(name, 0.0)) for name in LISTS})
+
+    @classmethod
+    def of_index(cls, meta: Mapping[str, Any]) -> Fusion:
+        """The index's tuned weights, or equal weights when it was never tuned."""
+        stored = (meta.get("fusion") or {}).get("weights")
+        return cls.from_weights(stored) if stored else cls()

@@ -1,0 +1,298 @@
+"""Per-index fusion weights without labelled queries (``ragidx tune``, and after builds).
+
+How far hybrid search should trust the dense list depends on the model and the corpus: with a
+strong encoder the two lists help each other, with a small decoder the dense list pulls BM25
+down. Tuning measures it on cloze pseudo-queries drawn from the corpus itself (the inverse cloze
+task of Lee et al., 2019): a sentence is cut out of its chunk and searched for, and the rest of
+the chunk stands in for the chunk in both lists (re-embedded for the dense list; written into the
+full-text index inside a transaction that is rolled back, for the lexical list). The answer is
+the chunk's document, and no searched text contains the sentence.
+
+Every dense weight on a grid is scored by nDCG@10 over documents, and the weight chosen from
+them (see :func:`choose_weight`) is stored in the index's meta with the figures behind it.
+(Searching a sentence with its own chunk left out, for the document's other chunks, tracked
+real queries worse on SciFact: see the README.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from ragidx.indexer.fusion import Fusion
+
+if TYPE_CHECKING:
+    from ragidx.app.retriever import Index
+    from ragidx.indexer.store import IndexWriter
+    from ragidx.indexer.strategies import Strategy
+
+DEFAULT_QUERIES = 100  # each costs one query and one document embedding
+# Below these, pseudo-queries measure too little (a handful of documents to choose from, or too
+# few queries) and equal weights are kept.
+MIN_DOCUMENTS = 50  # in the index
+MIN_QUERIES = 20
+MIN_WORDS, MAX_WORDS = 5, 30  # a sentence a person might type as a query
+DEPTH = 100  # candidates per list, as hybrid search fuses
+CUTOFF = 10
+DENSE_WEIGHTS = tuple(round(float(w), 2) for w in np.linspace(0.0, 1.0, 21))
+SEED = 0
+SCAN_FACTOR = 10  # chunks read per query wanted, at most (most chunks have a usable sentence)
+MIN_GAIN_Z = 2.0  # how clearly a weight must beat a simpler one (see choose_weight)
+RETUNE_CHANGE = 0.1  # an incremental build retunes once the chunk count moved this much
+WORD = re.compile(r"\w+")
+
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PseudoQuery:
+    """A sentence cut from chunk ``chunk_id``, whose ``remainder`` (with its sentence spans) is
+    searched in the chunk's place; the answer is document ``document_id``."""
+
+    text: str
+    chunk_id: int
+    document_id: int
+    remainder: str
+    remainder_sentences: tuple[Span, ...]
+
+
+@dataclass
+class TuningReport:
+    """What tuning found: the chosen weights and each candidate's nDCG@10 on the pseudo-queries."""
+
+    fusion: Fusion
+    queries: int
+    seconds: float
+    chunks: int = 0
+    ndcg: dict[str, float] = field(default_factory=dict)
+    grid: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+    def to_meta(self) -> dict[str, Any]:
+        return {
+            "weights": self.fusion.normalised().weights(),
+            "pseudo_queries": self.queries,
+            "ndcg@10": {name: round(value, 4) for name, value in self.ndcg.items()},
+            "grid": {name: round(value, 4) for name, value in self.grid.items()},
+            "seconds": round(self.seconds, 2),
+            "chunks": self.chunks,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_meta(cls, stored: Mapping[str, Any]) -> TuningReport:
+        """The report as an index's meta keeps it (see :meth:`to_meta`)."""
+        return cls(
+            Fusion.from_weights(stored["weights"]),
+            int(stored.get("pseudo_queries", 0)),
+            float(stored.get("seconds", 0.0)),
+            int(stored.get("chunks", 0)),
+            dict(stored.get("ndcg@10", {})),
+            dict(stored.get("grid", {})),
+            str(stored.get("reason", "")),
+        )
+
+    def describe(self) -> str:
+        """One line for the build summary and ``ragidx tune``."""
+        weights = self.fusion.normalised()
+        head = f"hybrid weights dense {weights.dense:g}, lexical {weights.lexical:g}"
+        if self.reason:
+            return f"{head}, not tuned: {self.reason}"
+        figures = ", ".join(f"{name} {value:.3f}" for name, value in self.ndcg.items())
+        return f"{head}, tuned on {self.queries} pseudo-queries in {self.seconds:.1f} s (nDCG@10 {figures})"
+
+
+def pseudo_queries(index: Index, limit: int = DEFAULT_QUERIES, seed: int = SEED) -> list[PseudoQuery]:
+    """Up to ``limit`` cloze queries from chunks in a seeded random order: one per chunk while
+    there are more usable chunks than ``limit``, else taken in turns from each (at most
+    ``SCAN_FACTOR * limit`` chunks are read). The fixed seed makes tuning the same index twice give
+    the same weights."""
+    db = index.reader.db
+    chunk_ids = [row[0] for row in db.execute("select id from chunks order by id")]
+    rng = np.random.default_rng(seed)
+    pools = []
+    for position in rng.permutation(len(chunk_ids))[: SCAN_FACTOR * limit]:
+        if len(pools) >= limit:
+            break
+        row = db.execute(
+            "select id, document_id, text, char_start, sentences from chunks where id = ?",
+            [chunk_ids[position]],
+        ).fetchone()
+        pool = _cloze_options(*row)
+        if pool:
+            pools.append([pool[i] for i in rng.permutation(len(pool))])
+    chosen: list[PseudoQuery] = []
+    while len(chosen) < limit and any(pools):
+        chosen.extend(pool.pop() for pool in pools if pool)
+    return chosen[:limit]
+
+
+def _cloze_options(
+    chunk_id: int, document_id: int, text: str, start: int, sentences: str
+) -> list[PseudoQuery]:
+    """Every sentence of the chunk that can be cut out, leaving at least as many words behind."""
+    spans = [(first - start, last - start) for first, last in json.loads(sentences or "[]")]
+    found = []
+    for first, last in spans:
+        sentence = text[first:last].strip()
+        remainder = text[:first] + text[last:]
+        words = len(WORD.findall(sentence))
+        if MIN_WORDS <= words <= MAX_WORDS and len(WORD.findall(remainder)) >= words:
+            cut = last - first
+            kept = tuple(
+                (s, e) if e <= first else (s - cut, e - cut) for s, e in spans if (s, e) != (first, last)
+            )
+            found.append(PseudoQuery(sentence, chunk_id, document_id, remainder, kept))
+    return found
+
+
+def document_ndcg(
+    fused: Sequence[tuple[int, float]], documents: Mapping[int, int], query: PseudoQuery
+) -> float:
+    """nDCG@10 of the query's document among the documents of ``fused``; a document ranks where its
+    best chunk does."""
+    seen: set[int] = set()
+    for chunk_id, _ in fused:
+        if chunk_id not in documents:
+            continue
+        document = documents[chunk_id]
+        if document in seen:
+            continue
+        seen.add(document)
+        if document == query.document_id:
+            return 1.0 / math.log2(len(seen) + 1)
+        if len(seen) >= CUTOFF:
+            break
+    return 0.0
+
+
+def tune(index: Index, limit: int = DEFAULT_QUERIES) -> TuningReport:
+    """Score every weight of the grid on the index's pseudo-queries and keep the best (see
+    :func:`choose_weight`). An index of fewer than ``MIN_DOCUMENTS`` documents, or one that
+    yields fewer than ``MIN_QUERIES`` pseudo-queries, keeps equal weights."""
+    started = time.perf_counter()
+    counts = index.reader.counts()
+
+    def untuned(reason: str, queries: int = 0) -> TuningReport:
+        elapsed = time.perf_counter() - started
+        return TuningReport(Fusion(), queries, elapsed, counts["chunks"], reason=reason)
+
+    if counts["documents"] < MIN_DOCUMENTS:
+        return untuned(f"{counts['documents']} documents are too few to tune on ({MIN_DOCUMENTS} needed)")
+    queries = pseudo_queries(index, limit)
+    answers = len({query.document_id for query in queries})
+    if len(queries) < MIN_QUERIES or 2 * answers < MIN_QUERIES:
+        return untuned(
+            f"too little text for pseudo-queries ({len(queries)} from {answers} documents)", len(queries)
+        )
+    rankings = _rankings(index, queries)
+    ids = sorted({chunk for lists in rankings for ranking in lists.values() for chunk, _ in ranking})
+    documents = index.reader.document_ids(ids)
+
+    def per_query(fusion: Fusion) -> np.ndarray:
+        return np.array(
+            [
+                document_ndcg(fusion.fuse(lists), documents, q)
+                for lists, q in zip(rankings, queries, strict=True)
+            ]
+        )
+
+    scores = {weight: per_query(Fusion(weight, 1.0 - weight)) for weight in DENSE_WEIGHTS}
+    grid = {weight: float(values.mean()) for weight, values in scores.items()}
+    best = choose_weight(scores)
+    return TuningReport(
+        Fusion(best, round(1.0 - best, 2)),
+        len(queries),
+        time.perf_counter() - started,
+        counts["chunks"],
+        ndcg={"dense": grid[1.0], "lexical": grid[0.0], "equal": grid[0.5], "tuned": grid[best]},
+        grid={f"{weight:g}": value for weight, value in grid.items()},
+    )
+
+
+def choose_weight(scores: Mapping[float, np.ndarray]) -> float:
+    """The dense weight to store, from each weight's per-query scores: simple unless shown otherwise.
+
+    The best weight on average must beat equal weights by ``MIN_GAIN_Z`` standard errors of the
+    per-query difference, else equal weights stay (a strong encoder: both lists about as good).
+    If it does, the single list on its side (lexical for weights below 0.5, dense above) is taken
+    unless the blend beats that list just as clearly: pseudo-queries are a proxy, and a small
+    dense weight that looks a little better on them did not carry over to real queries.
+    """
+    best = max(scores, key=lambda weight: (round(float(scores[weight].mean()), 9), -abs(weight - 0.5)))
+    if not _clearly_better(scores[best], scores[0.5]):
+        return 0.5
+    single = 0.0 if best < 0.5 else 1.0
+    return best if _clearly_better(scores[best], scores[single]) else single
+
+
+def _clearly_better(scores: np.ndarray, than: np.ndarray) -> bool:
+    """A mean per-query gain of at least ``MIN_GAIN_Z`` standard errors (paired)."""
+    gain = scores - than
+    error = float(gain.std(ddof=1)) / math.sqrt(len(gain)) if len(gain) > 1 else 0.0
+    return bool(gain.mean() > MIN_GAIN_Z * error)
+
+
+def _rankings(index: Index, queries: Sequence[PseudoQuery]) -> list[dict[str, list[tuple[int, float]]]]:
+    """Both lists with each query's chunk replaced by its remainder (see the module docstring)."""
+    texts = [q.text for q in queries]
+    vectors = index.embed(texts, "query")
+    remainders = index.strategy.encode(
+        [q.remainder for q in queries], "document", sentences=[q.remainder_sentences for q in queries]
+    )
+    rankings = index.rankings(texts, DEPTH + 1, vectors)
+    for query, lists, vector, remainder in zip(queries, rankings, vectors, remainders, strict=True):
+        dense = [(chunk, score) for chunk, score in lists["dense"] if chunk != query.chunk_id]
+        dense.append((query.chunk_id, float(vector @ remainder)))
+        lists["dense"] = sorted(dense, key=lambda pair: -pair[1])[: DEPTH + 1]
+    for query, lists in zip(queries, rankings, strict=True):
+        with _remainder_in_full_text(index, query):
+            lists["lexical"] = index.reader.lexical_search(query.text, DEPTH + 1)
+    return rankings
+
+
+@contextlib.contextmanager
+def _remainder_in_full_text(index: Index, query: PseudoQuery) -> Iterator[None]:
+    """The query's chunk holds only its remainder inside a transaction that is rolled back on
+    leaving: BM25 scores it with the index's own tokenizer and statistics, and nothing is committed."""
+    db = index.reader.db
+    db.execute("begin")
+    try:
+        db.execute("update chunks set text = ? where id = ?", [query.remainder, query.chunk_id])
+        yield
+    finally:
+        db.execute("rollback")
+
+
+def needs_tuning(meta: Mapping[str, Any], chunks: int) -> bool:
+    """Never tuned, or the corpus grew or shrank by more than ``RETUNE_CHANGE`` since: small
+    incremental builds keep their weights rather than pay for tuning each time."""
+    stored = meta.get("fusion")
+    if not stored:
+        return True
+    tuned_on = int(stored.get("chunks") or 0)
+    return abs(chunks - tuned_on) > RETUNE_CHANGE * max(tuned_on, 1)
+
+
+def tune_and_store(
+    writer: IndexWriter, strategy: Strategy | None = None, limit: int = DEFAULT_QUERIES, device: str = "auto"
+) -> TuningReport:
+    """Tune the index ``writer`` holds (its committed generation) and store the weights in its meta.
+
+    ``strategy`` reuses a model the build already loaded; without it the index's own is loaded.
+    """
+    from ragidx.app.retriever import Index
+    from ragidx.indexer.store import IndexReader
+
+    with Index(IndexReader(writer.directory), device=device, strategy=strategy) as index:
+        report = tune(index, limit)
+    writer.update_meta({"fusion": report.to_meta()})
+    return report

@@ -1,0 +1,95 @@
+"""How well tuning's pseudo-queries track real queries: the fusion grid scored both ways.
+
+For an index built by ``ragidx eval retrieval DIR --index INDEX`` (one file per BEIR document)
+and tuned (by its build, or ``ragidx tune --index INDEX``), prints, for every dense weight of the
+tuning grid, nDCG@10 on the pseudo-queries (from the index's meta) and on the dataset's real
+queries, then the weight tuning picked and what it costs on the real queries against the best
+weight in hindsight, dense, lexical and equal-weight RRF.
+
+    python tests/benchmarks/fusion.py ../shared/eval/scifact --split train \
+        --max-docs 300 --max-queries 60 --index /tmp/fx/smollm2-prompteol [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ragidx.app import Index
+from ragidx.indexer.evaluation import document_id, load_beir, subsample
+from ragidx.indexer.fusion import Fusion
+from ragidx.indexer.metrics import ndcg_at
+from ragidx.indexer.tuning import DENSE_WEIGHTS, TuningReport
+
+DEPTH = 320  # what hybrid search fuses when eval asks for ~160 chunks
+
+
+def real_grid(index: Index, dataset) -> dict[float, float]:
+    """Mean document nDCG@10 of the real queries at every grid weight (a document = its best chunk)."""
+    query_ids = list(dataset.queries)
+    rankings = index.rankings([dataset.queries[q] for q in query_ids], DEPTH)
+    chunks = {chunk for lists in rankings for ranking in lists.values() for chunk, _ in ranking}
+    paths = {chunk: row["path"] for chunk, row in index.reader.chunk_rows(sorted(chunks)).items()}
+    grid = {}
+    for weight in DENSE_WEIGHTS:
+        fusion = Fusion(weight, 1.0 - weight)
+        scores = []
+        for query, lists in zip(query_ids, rankings, strict=True):
+            best: dict[str, float] = {}
+            for chunk, score in fusion.fuse(lists):
+                doc = document_id(paths[chunk])
+                best[doc] = max(best.get(doc, score), score)
+            scores.append(ndcg_at(list(best.items()), dataset.qrels[query], 10))
+        grid[weight] = sum(scores) / len(scores)
+    return grid
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--max-docs", type=int)
+    parser.add_argument("--max-queries", type=int)
+    parser.add_argument("--index", type=Path, required=True)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    dataset = subsample(load_beir(args.directory, args.split), args.max_docs, args.max_queries)
+    with Index.open(args.index) as index:
+        if not index.meta.get("fusion"):
+            raise SystemExit(f"{args.index} was never tuned: run `ragidx tune --index {args.index}` first")
+        report = TuningReport.from_meta(index.meta["fusion"])
+        real = real_grid(index, dataset)
+        meta = index.meta
+    pseudo = {float(weight): value for weight, value in report.grid.items()}
+    print(
+        f"{meta['model']} {meta['strategy']}: {report.queries} pseudo-queries "
+        f"(tuned in {report.seconds:.1f} s), {len(dataset.queries)} real queries"
+    )
+    print(f"{'dense w':>8}{'pseudo':>9}{'real':>9}")
+    for weight in DENSE_WEIGHTS:
+        print(f"{weight:>8.2f}{pseudo.get(weight, float('nan')):>9.4f}{real[weight]:>9.4f}")
+    chosen = report.fusion.normalised().dense
+    oracle = max(real, key=real.get)
+    summary = {
+        "model": meta["model"],
+        "strategy": meta["strategy"],
+        "pseudo_queries": report.queries,
+        "tune_seconds": report.seconds,
+        "chosen_dense_weight": chosen,
+        "real_at_chosen": round(real[chosen], 4),
+        "best_dense_weight": oracle,
+        "real_at_best": round(real[oracle], 4),
+        "real_dense": round(real[1.0], 4),
+        "real_lexical": round(real[0.0], 4),
+        "real_equal": round(real[0.5], 4),
+        "pseudo": {f"{w:g}": round(v, 4) for w, v in pseudo.items()},
+        "real": {f"{w:g}": round(v, 4) for w, v in real.items()},
+    }
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("pseudo", "real")}))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

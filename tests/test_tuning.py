@@ -1,0 +1,233 @@
+"""Hybrid weights tuned per index on pseudo-queries: drawn right, scored right, stored and followed."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import sqlite3
+
+import numpy as np
+import pytest
+from ragidx.app import Index
+from ragidx.indexer.fusion import Fusion
+from ragidx.indexer.pipeline import BuildOptions, build
+from ragidx.indexer.store import IndexWriter
+from ragidx.indexer.tuning import DENSE_WEIGHTS, MAX_WORDS, MIN_WORDS, choose_weight, pseudo_queries, tune
+from test_cli import assert_one_line_error, ragidx
+from test_search import independent_dense, independent_fusion
+
+
+def options(model, folder, **extra) -> BuildOptions:
+    """Build options for ``folder``; ``model`` None keeps the index's. float32, so that a batch's
+    padding changes no vector (the precision probe may pick bf16 on a busy machine)."""
+    settings = {"device": "cpu", "dtype": "float32", "progress": False, **extra}
+    return BuildOptions(index_dir=folder, model=model and str(model), **settings)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, sample_corpus):
+    """72 documents of three sentences each, cut from the sample corpus (tuning needs 50)."""
+    from bs4 import BeautifulSoup
+
+    folder = tmp_path_factory.mktemp("tuning") / "docs"
+    folder.mkdir()
+    number = 0
+    for path in sorted(p for p in sample_corpus.rglob("*") if p.is_file()):
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".html":
+            text = BeautifulSoup(text, "html.parser").get_text(" ")
+        sentences = [s for s in re.split(r"(?<=[.?!])\s+", " ".join(text.split())) if len(s.split()) >= 5]
+        for first in range(0, len(sentences) - 2, 3):
+            (folder / f"{path.stem}-{number}.txt").write_text(" ".join(sentences[first : first + 3]) + "\n")
+            number += 1
+    return folder
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, tiny_models, corpus):
+    """The 72 documents indexed (one chunk each), tuned by their build."""
+    folder = tmp_path_factory.mktemp("tuned") / "index"
+    build([corpus], options(tiny_models["llama"], folder))
+    with Index.open(folder, device="cpu") as opened:
+        yield opened
+
+
+def chunks_of(index: Index) -> dict[int, tuple[int, str]]:
+    with sqlite3.connect(index.reader.directory / "ragidx.db") as db:
+        return {i: (doc, text) for i, doc, text in db.execute("select id, document_id, text from chunks")}
+
+
+def independent_lexical(
+    index: Index, text: str, db: sqlite3.Connection | None = None
+) -> list[tuple[int, float]]:
+    """BM25 top 101 for the query's words OR-ed, from ``db`` (default: the index's own file)."""
+    words = dict.fromkeys(w.lower() for w in re.findall(r"\w+", text))
+    connection = db or sqlite3.connect(index.reader.directory / "ragidx.db")
+    rows = connection.execute(
+        "select rowid, bm25(chunks_fts) from chunks_fts where chunks_fts match ? order by 2, 1 limit 101",
+        [" OR ".join(f'"{w}"' for w in words)],
+    ).fetchall()
+    if db is None:
+        connection.close()
+    return [(rowid, -score) for rowid, score in rows]
+
+
+def test_weights_move_from_equal_only_for_a_gain_beyond_the_noise():
+    rng = np.random.default_rng(0)
+    equal = rng.uniform(0, 1, 200)
+    noisy = {w: equal - 0.05 for w in DENSE_WEIGHTS}
+    noisy[0.5], noisy[0.2] = equal, equal + 0.01 + rng.normal(0, 0.3, 200)
+    assert choose_weight(noisy) == 0.5  # 0.2 is best on average, but within the per-query noise
+    clear = {w: equal + 0.2 * (w == 0.1) + 0.1 * (w == 0.0) for w in DENSE_WEIGHTS}
+    assert choose_weight(clear) == 0.1  # beats equal weights and lexical alone, clearly
+    near_lexical = {**clear, 0.1: clear[0.0] + 0.01 + rng.normal(0, 0.3, 200)}
+    assert choose_weight(near_lexical) == 0.0  # beats equal clearly, lexical alone only within the noise
+    flat = {w: equal.copy() for w in DENSE_WEIGHTS}
+    assert choose_weight(flat) == 0.5
+
+
+def test_pseudo_queries_cut_a_sentence_out_of_their_chunk(index):
+    chunks = chunks_of(index)
+    usable = {q.chunk_id for q in pseudo_queries(index, 1000)}  # chunks with a sentence to cut out
+    assert usable <= set(chunks) and len(usable) > 60
+    assert {q.chunk_id for q in pseudo_queries(index, 100)} == usable  # fewer than 100: taken in turns
+    queries = pseudo_queries(index, 60)
+    assert queries == pseudo_queries(index, 60)  # a fixed seed
+    assert len({q.chunk_id for q in queries}) == 60  # one per chunk while chunks outnumber the limit
+    for query in queries:
+        assert MIN_WORDS <= len(re.findall(r"\w+", query.text)) <= MAX_WORDS
+        document, text = chunks[query.chunk_id]
+        assert document == query.document_id and query.text in text and query.text not in query.remainder
+        start = text.index(query.text)
+        assert query.remainder.strip() == (text[:start] + text[start + len(query.text) :]).strip()
+        rest = [query.remainder[a:b].strip() for a, b in query.remainder_sentences]
+        assert rest and all(sentence in text for sentence in rest)
+
+
+def test_the_tuning_grid_equals_an_independent_computation(index, tmp_path):
+    """Each query's chunk replaced by its remainder, in a copy of the database and re-embedded."""
+    report = tune(index, 40)
+    assert (report.queries, report.reason) == (40, "")
+    queries = pseudo_queries(index, 40)
+    copy = tmp_path / "copy.db"
+    with sqlite3.connect(index.reader.directory / "ragidx.db") as source, sqlite3.connect(copy) as target:
+        source.backup(target)  # the committed state, write-ahead log included
+    strategy = index.strategy
+    vectors = strategy.encode([q.text for q in queries], "query")
+    # One batch, as tuning embeds them: a row's padding must not be what differs (bf16 is not exact).
+    rests = strategy.encode(
+        [q.remainder for q in queries], "document", sentences=[q.remainder_sentences for q in queries]
+    )
+    lists = []
+    for query, vector, rest in zip(queries, vectors, rests, strict=True):
+        dense = dict(independent_dense(index, query.text, 1000))
+        dense[query.chunk_id] = float(vector @ rest)
+        with sqlite3.connect(copy) as db:
+            db.execute("update chunks set text = ? where id = ?", [query.remainder, query.chunk_id])
+            lexical = independent_lexical(index, query.text, db)
+            db.rollback()
+        lists.append((sorted(dense.items(), key=lambda p: -p[1])[:101], lexical))
+    chunks = chunks_of(index)
+    per_query = {}
+    for weight in DENSE_WEIGHTS:
+        scores = []
+        for query, (dense, lexical) in zip(queries, lists, strict=True):
+            documents = list(
+                dict.fromkeys(chunks[c][0] for c, _ in independent_fusion(dense, lexical, weight, 1 - weight))
+            )
+            rank = documents.index(query.document_id) + 1
+            scores.append(1 / math.log2(rank + 1) if rank <= 10 else 0.0)
+        assert report.grid[f"{weight:g}"] == pytest.approx(np.mean(scores), abs=1e-6), weight
+        per_query[weight] = np.array(scores)
+    best = max(DENSE_WEIGHTS, key=lambda w: (round(float(per_query[w].mean()), 9), -abs(w - 0.5)))
+
+    def clearly(better: float, than: float) -> bool:
+        gain = per_query[better] - per_query[than]
+        return gain.mean() > 2 * gain.std(ddof=1) / math.sqrt(len(gain))
+
+    single = 0.0 if best < 0.5 else 1.0
+    chosen = 0.5 if not clearly(best, 0.5) else best if clearly(best, single) else single
+    assert report.fusion == Fusion(chosen, round(1 - chosen, 2))
+    assert report.ndcg == {
+        "dense": report.grid["1"], "lexical": report.grid["0"], "equal": report.grid["0.5"],
+        "tuned": report.grid[f"{chosen:g}"],
+    }  # fmt: skip
+
+
+def test_a_build_stores_the_tuned_weights_and_search_uses_them(index):
+    stored = index.meta["fusion"]
+    assert stored["pseudo_queries"] == len(pseudo_queries(index)) and not stored["reason"]
+    assert stored["weights"] == tune(index).fusion.normalised().weights()
+    query = "how do I return a bicycle"
+    explicit = index.search(query, k=10, weights=stored["weights"])
+    assert [h.chunk_id for h in index.search(query, k=10)] == [h.chunk_id for h in explicit]
+
+
+def test_an_open_index_follows_weights_stored_after_it_opened(tiny_models, tmp_path, corpus):
+    folder = tmp_path / "index"
+    build([corpus], options(tiny_models["llama"], folder))
+    query = "how do I return a bicycle"
+    with Index.open(folder, device="cpu") as opened:
+        opened.search(query)
+        with IndexWriter(folder) as writer:
+            writer.update_meta(
+                {"fusion": {**writer.meta["fusion"], "weights": {"dense": 0.0, "lexical": 1.0}}}
+            )
+        hybrid = [h.chunk_id for h in opened.search(query, k=5)]
+        assert hybrid == [h.chunk_id for h in opened.search(query, k=5, mode="lexical")]
+
+
+def test_small_or_terse_corpora_keep_equal_weights(tiny_models, tmp_path, sample_corpus):
+    report = build([sample_corpus], options(tiny_models["llama"], tmp_path / "small"))
+    assert report.tuning is not None and "13 documents are too few to tune on" in report.tuning.reason
+    assert report.fusion["weights"] == {"dense": 0.5, "lexical": 0.5}
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for number in range(60):
+        (docs / f"{number}.txt").write_text(f"Note {number} says the kettle is blue. It boils fast.\n")
+    report = build([docs], options(tiny_models["llama"], tmp_path / "terse"))
+    assert report.tuning is not None and "too little text for pseudo-queries" in report.tuning.reason
+
+
+def test_incremental_builds_retune_only_after_a_large_change(tiny_models, tmp_path, corpus):
+    docs = tmp_path / "docs"
+    shutil.copytree(corpus, docs)
+    folder = tmp_path / "index"
+    first = build([docs], options(tiny_models["llama"], folder))
+    assert first.tuning is not None and first.fusion["chunks"] == first.total_chunks
+    (docs / "small.txt").write_text("One more short note about kettles.\n")
+    small = build([docs], options(None, folder))
+    assert small.tuning is None and small.fusion == first.fusion
+    for number, path in enumerate(sorted(docs.glob("*.txt"))[:10]):
+        shutil.copy(path, docs / f"copy{number}.txt")
+    large = build([docs], options(None, folder))
+    assert (
+        large.tuning is not None and large.fusion["chunks"] == large.total_chunks > first.total_chunks * 1.1
+    )
+    rebuilt = build([docs], options(tiny_models["llama"], folder, rebuild=True, tune=False))
+    assert rebuilt.tuning is None and rebuilt.fusion is None
+    with Index.open(folder, device="cpu") as opened:
+        assert Fusion.of_index(opened.meta) == Fusion()
+
+
+def test_cli_build_tune_info_and_query_weights(tiny_models, tmp_path, corpus):
+    folder = tmp_path / "index"
+    built = ragidx("build", corpus, "--model", tiny_models["llama"], "--index", folder)
+    summary = r"hybrid weights dense [\d.]+, lexical [\d.]+, tuned on \d+ pseudo-queries in [\d.]+ s"
+    assert re.search(summary, built.stdout)
+    tuned = json.loads(ragidx("tune", "--index", folder, "--json", "--queries", "30").stdout)
+    assert tuned["pseudo_queries"] == 30 and sum(tuned["weights"].values()) == pytest.approx(1)
+    with Index.open(folder, device="cpu") as opened:
+        assert opened.meta["fusion"] == tuned
+        lexical = [h.chunk_id for h in opened.search("bicycle refund", mode="lexical")]
+    assert "fusion.weights" in ragidx("info", "--index", folder).stdout
+    search = ("query", "bicycle refund", "--index", folder, "--json")
+    hits = json.loads(ragidx(*search, "--weights", "lexical=1").stdout)
+    assert [h["chunk_id"] for h in hits][: len(lexical)] == lexical  # then dense fills k
+    bad = ragidx("query", "x", "--index", folder, "--weights", "dense=1,sparse=2", check=False)
+    assert_one_line_error(bad, "weights look like dense=0.3,lexical=0.7")
+    missing = tmp_path / "nothing"
+    assert_one_line_error(ragidx("tune", "--index", missing, check=False), "no index at")
+    assert not missing.exists()
