@@ -305,6 +305,12 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     default=None,
     help="Hybrid fusion weights, e.g. dense=0.3,lexical=0.7 (default: the index's tuned weights).",
 )
+@click.option(
+    "--fusion",
+    type=click.Choice(["rrf", "minmax"]),
+    default=None,
+    help="Hybrid fusion method: reciprocal rank, or min-max normalised scores (default: the index's).",
+)
 @_search_parameter_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as a JSON list.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per result.")
@@ -322,6 +328,7 @@ def query(
     meta: tuple[str, ...],
     min_score: float | None,
     weights: str | None,
+    fusion: str | None,
     ef_search: int | None,
     nprobe: int | None,
     as_json: bool,
@@ -335,11 +342,19 @@ def query(
     if as_json and as_jsonl:
         raise RagidxError("--json and --jsonl exclude each other")
     filters = Filters.create(paths, exts, Filters.parse_meta(meta))
-    fusion = Fusion.parse(weights) if weights is not None else None
+    given = Fusion.parse(weights).weights() if weights is not None else None
     with Index.open(index_dir, device=device, dtype=dtype) as index:
         index.check_compatible(model, strategy)
         hits = index.search(
-            text, k, mode, filters, min_score, weights=fusion, ef_search=ef_search, nprobe=nprobe
+            text,
+            k,
+            mode,
+            filters,
+            min_score,
+            weights=given,
+            fusion=fusion,
+            ef_search=ef_search,
+            nprobe=nprobe,
         )
     if as_json:
         _print_json([hit.to_dict() for hit in hits])

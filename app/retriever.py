@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -159,23 +159,33 @@ class Index:
         min_score: float | None = None,
         *,
         weights: WeightSpec = None,
+        fusion: str | None = None,
         ef_search: int | None = None,
         nprobe: int | None = None,
     ) -> list[Hit]:
         """The ``k`` best chunks for ``query``.
 
         ``dense``: inner product of the vectors (the score is the cosine); ``lexical``: FTS5 BM25
-        over the chunk text (the score is -bm25); ``hybrid`` (default): weighted reciprocal rank
-        fusion, Σ w/(60 + rank), of both lists' top candidates (the score is the fused value), with
-        the index's tuned weights unless ``weights`` (``{"dense": 0.3, "lexical": 0.7}`` or a
-        :class:`Fusion`) are given.
+        over the chunk text (the score is -bm25); ``hybrid`` (default): both lists' top candidates
+        fused (the score is the fused value) with the index's tuned method and weights, unless
+        ``weights`` (``{"dense": 0.3, "lexical": 0.7}`` or a :class:`Fusion`) or ``fusion``
+        (``"rrf"``, weighted reciprocal rank Σ w/(60 + rank); ``"minmax"``, weighted sum of min-max
+        normalised scores) are given.
         ``filters`` (a :class:`Filters` or ``{"path": ..., "ext": ..., "meta": {...}}``) restrict
         the candidates inside each search, so ``k`` hits come back whenever ``k`` chunks match;
         ``min_score`` then drops hits scoring below it. ``ef_search`` (HNSW) and ``nprobe`` (IVF)
         override the index's stored search parameters for this call.
         """
         return self.search_many(
-            [query], k, mode, filters, min_score, weights=weights, ef_search=ef_search, nprobe=nprobe
+            [query],
+            k,
+            mode,
+            filters,
+            min_score,
+            weights=weights,
+            fusion=fusion,
+            ef_search=ef_search,
+            nprobe=nprobe,
         )[0]
 
     def search_many(
@@ -187,6 +197,7 @@ class Index:
         min_score: float | None = None,
         *,
         weights: WeightSpec = None,
+        fusion: str | None = None,
         ef_search: int | None = None,
         nprobe: int | None = None,
     ) -> list[list[Hit]]:
@@ -199,15 +210,18 @@ class Index:
         tuning = {"ef_search": ef_search, "nprobe": nprobe}
         if mode not in MODES:
             raise RagidxError(f"unknown mode '{mode}': choose one of {', '.join(MODES)}")
-        if weights is not None and mode != "hybrid":
-            raise RagidxError(f"weights apply to hybrid search, not to {mode}")
+        if (weights is not None or fusion is not None) and mode != "hybrid":
+            raise RagidxError(f"weights and fusion apply to hybrid search, not to {mode}")
         if any(not query.strip() for query in queries):
             raise RagidxError("the query is empty")
         chosen = filters if isinstance(filters, Filters) else Filters.from_mapping(filters)
         given = weights if isinstance(weights, Fusion) or weights is None else Fusion.from_weights(weights)
+        method = fusion or (weights.method if isinstance(weights, Fusion) else None)
+        if method is not None:
+            Fusion(method=method)  # refused here, before any work, if unknown
         return self._in_snapshot(
             mode != "lexical",
-            lambda: self._search_snapshot(queries, k, mode, chosen, min_score, given, tuning),
+            lambda: self._search_snapshot(queries, k, mode, chosen, min_score, (given, method), tuning),
         )
 
     def rankings(
@@ -241,11 +255,11 @@ class Index:
         mode: str,
         filters: Filters,
         min_score: float | None,
-        weights: Fusion | None,
+        override: tuple[Fusion | None, str | None],
         tuning: dict[str, int | None],
     ) -> list[list[Hit]]:
         candidates = k if mode != "hybrid" else max(MIN_CANDIDATES, 2 * k)
-        fusion = weights or Fusion.of_index(self.meta)
+        fusion = self._fusion(*override)
         results = []
         for query, ranked in zip(
             queries, self._ranked_lists(queries, candidates, mode, filters, tuning), strict=True
@@ -255,6 +269,11 @@ class Index:
                 scored = [(chunk_id, score) for chunk_id, score in scored if score >= min_score]
             results.append(self._hits(query, scored[:k], ranked))
         return results
+
+    def _fusion(self, weights: Fusion | None, method: str | None) -> Fusion:
+        """The index's fusion, with the weights and the method given for this search (if any)."""
+        stored = Fusion.of_index(self.meta)
+        return replace(weights or stored, method=method or stored.method)
 
     def _ranked_lists(
         self,

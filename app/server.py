@@ -56,6 +56,7 @@ class SearchBody(BaseModel):
     filters: FilterBody | None = None
     min_score: float | None = None
     weights: WeightsBody | None = None
+    fusion: Literal["rrf", "minmax"] | None = None
     ef_search: int | None = Field(default=None, ge=1, le=MAX_SEARCH_BREADTH)
     nprobe: int | None = Field(default=None, ge=1, le=MAX_SEARCH_BREADTH)
 
@@ -112,7 +113,14 @@ def create_app(index: Index) -> FastAPI:
         with lock:
             tuning = {"ef_search": body.ef_search, "nprobe": body.nprobe}
             hits = index.search(
-                body.query, body.k, body.mode, filters, body.min_score, weights=weights, **tuning
+                body.query,
+                body.k,
+                body.mode,
+                filters,
+                body.min_score,
+                weights=weights,
+                fusion=body.fusion,
+                **tuning,
             )
         return {"query": body.query, "mode": body.mode, "k": body.k, "hits": [hit.to_dict() for hit in hits]}
 

@@ -1,8 +1,11 @@
 """Hybrid fusion: how the dense and the lexical ranking of one query become a single ranking.
 
-Weighted reciprocal rank fusion, Σ_list w_list / (60 + rank). Equal weights are plain RRF; the
-weights an index uses come from its tuning (see :mod:`ragidx.indexer.tuning`), because how far
-each list can be trusted depends on the model and the corpus.
+Two methods, each with per-list weights: ``rrf``, weighted reciprocal rank fusion,
+Σ_list w_list / (60 + rank) (equal weights are plain RRF), and ``minmax``, Σ_list w_list · the
+score min-max normalised over the list's candidates (cosine for dense, -BM25 for lexical), which
+keeps how far apart the scores are and not only their order. The method and weights an index
+uses come from its tuning (see :mod:`ragidx.indexer.tuning`), because how far each list can be
+trusted depends on the model and the corpus.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from ragidx.indexer.errors import RagidxError
 
 LISTS = ("dense", "lexical")
+METHODS = ("rrf", "minmax")
 RRF_K = 60
 
 Ranking = Sequence[tuple[int, float]]
@@ -22,12 +26,15 @@ Ranking = Sequence[tuple[int, float]]
 
 @dataclass(frozen=True)
 class Fusion:
-    """Per-list weights (any non-negative scale: only their ratio matters)."""
+    """Per-list weights (any non-negative scale: only their ratio matters) and the method."""
 
     dense: float = 1.0
     lexical: float = 1.0
+    method: str = "rrf"
 
     def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise RagidxError(f"unknown fusion method {self.method!r}: choose {' or '.join(METHODS)}")
         weights = self.weights()
         if any(not math.isfinite(w) or w < 0 for w in weights.values()) or not any(weights.values()):
             raise RagidxError(
@@ -40,24 +47,26 @@ class Fusion:
     def normalised(self) -> Fusion:
         """The same fusion with weights summing to 1 (how it is stored and shown)."""
         total = self.dense + self.lexical
-        return Fusion(round(self.dense / total, 4), round(self.lexical / total, 4))
+        return Fusion(round(self.dense / total, 4), round(self.lexical / total, 4), self.method)
 
     def describe(self) -> str:
         return ",".join(f"{name}={weight:g}" for name, weight in self.weights().items())
 
     def fuse(self, rankings: Mapping[str, Ranking], k: int = RRF_K) -> list[tuple[int, float]]:
-        """Every item of every list, by Σ w/(k + rank) (rank from 1), best first.
+        """Every item of every list, by the weighted sum of its parts (see the module), best first.
 
-        Ties, including every item of a list weighted 0, are broken by the equal-weight fusion and
-        then by id: with ``dense=0`` the lexical ranking comes first, unchanged, followed by the
-        dense-only items in their dense order.
+        An item absent from a list gets nothing from it. Ties, including every item of a list
+        weighted 0, are broken by the equal-weight RRF value and then by id: with ``dense=0`` the
+        lexical ranking comes first, unchanged, followed by the dense-only items in dense order.
         """
         weights = self.weights()
         fused: dict[int, float] = {}
         equal: dict[int, float] = {}
         for name, ranking in rankings.items():
+            parts = _min_max(ranking) if self.method == "minmax" else None
             for rank, (item, _) in enumerate(ranking, start=1):
-                fused[item] = fused.get(item, 0.0) + weights[name] / (k + rank)
+                part = parts[rank - 1] if parts is not None else 1.0 / (k + rank)
+                fused[item] = fused.get(item, 0.0) + weights[name] * part
                 equal[item] = equal.get(item, 0.0) + 1.0 / (k + rank)
         return sorted(fused.items(), key=lambda pair: (-pair[1], -equal[pair[0]], pair[0]))
 
@@ -77,16 +86,24 @@ class Fusion:
         return cls.from_weights(weights)
 
     @classmethod
-    def from_weights(cls, weights: Mapping[str, Any]) -> Fusion:
+    def from_weights(cls, weights: Mapping[str, Any], method: str = "rrf") -> Fusion:
         unknown = sorted(set(weights) - set(LISTS))
         if unknown:
             raise RagidxError(f"unknown list {unknown[0]!r} in weights: the lists are {', '.join(LISTS)}")
         if not weights:
             raise RagidxError("weights name at least one of dense, lexical")
-        return cls(**{name: float(weights.get(name, 0.0)) for name in LISTS})
+        return cls(**{name: float(weights.get(name, 0.0)) for name in LISTS}, method=method)
 
     @classmethod
     def of_index(cls, meta: Mapping[str, Any]) -> Fusion:
-        """The index's tuned weights, or equal weights when it was never tuned."""
-        stored = (meta.get("fusion") or {}).get("weights")
-        return cls.from_weights(stored) if stored else cls()
+        """The index's tuned method and weights, or equal-weight RRF when it was never tuned."""
+        stored = meta.get("fusion") or {}
+        weights = stored.get("weights")
+        return cls.from_weights(weights, stored.get("method", "rrf")) if weights else cls()
+
+
+def _min_max(ranking: Ranking) -> list[float]:
+    """The list's scores mapped onto [0, 1] (all 1 when they are equal)."""
+    scores = [score for _, score in ranking]
+    low, high = min(scores, default=0.0), max(scores, default=0.0)
+    return [(score - low) / (high - low) if high > low else 1.0 for score in scores]

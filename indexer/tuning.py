@@ -8,8 +8,10 @@ the chunk stands in for the chunk in both lists (re-embedded for the dense list;
 full-text index inside a transaction that is rolled back, for the lexical list). The answer is
 the chunk's document, and no searched text contains the sentence.
 
-Every dense weight on a grid is scored by nDCG@10 over documents, and the weight chosen from
-them (see :func:`choose_weight`) is stored in the index's meta with the figures behind it.
+Every dense weight on a grid is scored by nDCG@10 over documents with weighted RRF, the weight is
+chosen from them (see :func:`choose_weight`), and at equal weights min-max score fusion is kept
+instead when it scores higher; the result is stored in the index's meta with the figures behind
+it.
 (Searching a sentence with its own chunk left out, for the document's other chunks, tracked
 real queries worse on SciFact: see the README.)
 """
@@ -78,6 +80,7 @@ class TuningReport:
 
     def to_meta(self) -> dict[str, Any]:
         return {
+            "method": self.fusion.method,
             "weights": self.fusion.normalised().weights(),
             "pseudo_queries": self.queries,
             "ndcg@10": {name: round(value, 4) for name, value in self.ndcg.items()},
@@ -91,7 +94,7 @@ class TuningReport:
     def from_meta(cls, stored: Mapping[str, Any]) -> TuningReport:
         """The report as an index's meta keeps it (see :meth:`to_meta`)."""
         return cls(
-            Fusion.from_weights(stored["weights"]),
+            Fusion.from_weights(stored["weights"], stored.get("method", "rrf")),
             int(stored.get("pseudo_queries", 0)),
             float(stored.get("seconds", 0.0)),
             int(stored.get("chunks", 0)),
@@ -103,7 +106,7 @@ class TuningReport:
     def describe(self) -> str:
         """One line for the build summary and ``ragidx tune``."""
         weights = self.fusion.normalised()
-        head = f"hybrid weights dense {weights.dense:g}, lexical {weights.lexical:g}"
+        head = f"hybrid fusion {weights.method}, dense {weights.dense:g}, lexical {weights.lexical:g}"
         if self.reason:
             return f"{head}, not tuned: {self.reason}"
         figures = ", ".join(f"{name} {value:.3f}" for name, value in self.ndcg.items())
@@ -208,18 +211,28 @@ def tune(index: Index, limit: int = DEFAULT_QUERIES) -> TuningReport:
     scores = {weight: per_query(Fusion(weight, 1.0 - weight)) for weight in DENSE_WEIGHTS}
     grid = {weight: float(values.mean()) for weight, values in scores.items()}
     best = choose_weight(scores)
+    balanced = float(per_query(Fusion(method="minmax")).mean())
+    method = "minmax" if best == 0.5 and balanced >= grid[0.5] else "rrf"
     return TuningReport(
-        Fusion(best, round(1.0 - best, 2)),
+        Fusion(best, round(1.0 - best, 2), method),
         len(queries),
         time.perf_counter() - started,
         counts["chunks"],
-        ndcg={"dense": grid[1.0], "lexical": grid[0.0], "equal": grid[0.5], "tuned": grid[best]},
+        ndcg={
+            "dense": grid[1.0],
+            "lexical": grid[0.0],
+            "equal": grid[0.5],
+            "minmax": balanced,
+            "tuned": balanced if method == "minmax" else grid[best],
+        },
         grid={f"{weight:g}": value for weight, value in grid.items()},
     )
 
 
 def choose_weight(scores: Mapping[float, np.ndarray]) -> float:
-    """The dense weight to store, from each weight's per-query scores: simple unless shown otherwise.
+    """The dense weight to store, from each weight's per-query RRF scores: simple unless shown
+    otherwise. (At 0.5, :func:`tune` then keeps RRF or min-max fusion, whichever scores higher:
+    with both lists trusted alike, min-max keeps how far apart the scores are.)
 
     The best weight on average must beat equal weights by ``MIN_GAIN_Z`` standard errors of the
     per-query difference, else equal weights stay (a strong encoder: both lists about as good).

@@ -41,6 +41,15 @@ def test_weighted_rrf_against_a_hand_computed_example():
     assert dict(fused) == pytest.approx(expected)
 
 
+def test_minmax_fusion_against_a_hand_computed_example():
+    dense = [(1, 0.9), (2, 0.8), (3, 0.5)]  # normalised: 1, 0.75, 0
+    lexical = [(3, 5.0), (4, 4.0), (5, 1.0)]  # normalised: 1, 0.75, 0
+    fused = Fusion(dense=0.4, lexical=0.6, method="minmax").fuse({"dense": dense, "lexical": lexical})
+    expected = {4: 0.45, 1: 0.4, 3: 0.6, 2: 0.3, 5: 0.0}
+    assert [item for item, _ in fused] == [3, 4, 1, 2, 5]
+    assert dict(fused) == pytest.approx(expected)
+
+
 def test_a_list_weighted_zero_only_breaks_ties_and_fills_up():
     dense = [(1, 0.9), (2, 0.8), (3, 0.7)]
     lexical = [(3, 5.0), (4, 4.0)]
@@ -67,22 +76,42 @@ def test_bad_weights_are_refused_in_one_line(text, message):
 
 def test_weights_parse_and_normalise():
     assert Fusion.parse("dense=3, lexical=1").normalised() == Fusion(0.75, 0.25)
+    assert Fusion(3, 1, "minmax").normalised() == Fusion(0.75, 0.25, "minmax")
+    with pytest.raises(RagidxError, match="unknown fusion method 'zscore'"):
+        Fusion(method="zscore")
     assert Fusion.parse("lexical=2") == Fusion(0.0, 2.0)
 
 
 def independent_fusion(
-    dense: list[tuple[int, float]], lexical: list[tuple[int, float]], w_dense: float, w_lexical: float
+    dense: list[tuple[int, float]],
+    lexical: list[tuple[int, float]],
+    w_dense: float,
+    w_lexical: float,
+    method: str = "rrf",
 ) -> list[tuple[int, float]]:
-    """Σ w/(60 + rank), ties by the equal-weight sum and then by id: the formula, written out."""
+    """Σ w·part, the part 1/(60 + rank) (rrf) or (score - min)/(max - min) over the list (minmax),
+    ties by the equal-weight RRF sum and then by id: the formulas, written out."""
     items = {i for i, _ in dense} | {i for i, _ in lexical}
     d_rank = {i: r for r, (i, _) in enumerate(dense, start=1)}
     l_rank = {i: r for r, (i, _) in enumerate(lexical, start=1)}
 
-    def part(ranks: dict[int, int], i: int) -> float:
+    def rrf(ranks: dict[int, int], i: int) -> float:
         return 1 / (60 + ranks[i]) if i in ranks else 0.0
 
-    scored = [(i, w_dense * part(d_rank, i) + w_lexical * part(l_rank, i)) for i in items]
-    return sorted(scored, key=lambda p: (-p[1], -(part(d_rank, p[0]) + part(l_rank, p[0])), p[0]))
+    def minmax(ranking: list[tuple[int, float]], i: int) -> float:
+        scores = dict(ranking)
+        if i not in scores:
+            return 0.0
+        low, high = min(scores.values()), max(scores.values())
+        return (scores[i] - low) / (high - low) if high > low else 1.0
+
+    def part(name: str, i: int) -> float:
+        if method == "rrf":
+            return rrf(d_rank if name == "dense" else l_rank, i)
+        return minmax(dense if name == "dense" else lexical, i)
+
+    scored = [(i, w_dense * part("dense", i) + w_lexical * part("lexical", i)) for i in items]
+    return sorted(scored, key=lambda p: (-p[1], -(rrf(d_rank, p[0]) + rrf(l_rank, p[0])), p[0]))
 
 
 def independent_lexical(index: Index, words: list[str]) -> list[tuple[int, float]]:
@@ -128,13 +157,15 @@ def test_each_mode_matches_an_independent_ranking(index):
         )
 
 
+@pytest.mark.parametrize("method", ["rrf", "minmax"])
 @pytest.mark.parametrize("weights", [{"dense": 0.3, "lexical": 0.7}, {"dense": 1.0}, {"lexical": 1.0}])
-def test_given_weights_match_an_independent_fusion(index, weights):
+def test_given_weights_match_an_independent_fusion(index, weights, method):
     query = "How long does shipping take for a refund?"
     lexical = independent_lexical(index, ["how", "long", "does", "shipping", "take", "for", "a", "refund"])
     dense = independent_dense(index, query)
-    hits = index.search(query, k=8, weights=weights)
-    fused = independent_fusion(dense, lexical, weights.get("dense", 0.0), weights.get("lexical", 0.0))[:8]
+    hits = index.search(query, k=8, weights=weights, fusion=method)
+    w_dense, w_lexical = weights.get("dense", 0.0), weights.get("lexical", 0.0)
+    fused = independent_fusion(dense, lexical, w_dense, w_lexical, method)[:8]
     assert [h.chunk_id for h in hits] == [i for i, _ in fused]
     assert [h.score for h in hits] == pytest.approx([s for _, s in fused])
     if weights == {"lexical": 1.0}:
@@ -142,8 +173,12 @@ def test_given_weights_match_an_independent_fusion(index, weights):
 
 
 def test_weights_are_refused_outside_hybrid(index):
-    with pytest.raises(RagidxError, match="weights apply to hybrid search"):
+    with pytest.raises(RagidxError, match="weights and fusion apply to hybrid search"):
         index.search("refund", mode="dense", weights={"dense": 1.0})
+    with pytest.raises(RagidxError, match="apply to hybrid search"):
+        index.search("refund", mode="lexical", fusion="minmax")
+    with pytest.raises(RagidxError, match="unknown fusion method"):
+        index.search("refund", fusion="zscore")
 
 
 @pytest.mark.parametrize(

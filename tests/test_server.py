@@ -72,10 +72,11 @@ def test_search_and_embed_answer_as_the_python_api(client, index):
     hit = got.json()["hits"][0]
     assert set(hit) >= {"score", "path", "text", "span", "metadata", "chunk_id", "snippet"}
     weighted = client.post(
-        "/search", json={"query": "password reset link", "weights": {"dense": 0.2, "lexical": 1}}
+        "/search",
+        json={"query": "password reset link", "weights": {"dense": 0.2, "lexical": 1}, "fusion": "minmax"},
     )
     assert response_result(weighted) == search_result(
-        index, "password reset link", weights={"dense": 0.2, "lexical": 1.0}
+        index, "password reset link", weights={"dense": 0.2, "lexical": 1.0}, fusion="minmax"
     )
     assert response_result(weighted) != response_result(
         client.post("/search", json={"query": "password reset link"})
@@ -103,7 +104,12 @@ def test_search_and_embed_answer_as_the_python_api(client, index):
             {"query": "x", "weights": {"dense": 0}},
             "fusion weights must be finite, non-negative and not",
         ),
-        ("/search", {"query": "x", "mode": "dense", "weights": {"dense": 1}}, "weights apply to hybrid"),
+        (
+            "/search",
+            {"query": "x", "mode": "dense", "weights": {"dense": 1}},
+            "weights and fusion apply to hybrid",
+        ),
+        ("/search", {"query": "x", "fusion": "zscore"}, "fusion: Input should be 'rrf' or 'minmax'"),
         ("/search", {"query": "x", "ef_search": 10**6}, "ef_search: Input should be less than or equal to"),
         ("/search", {"query": "x", "filters": {"colour": "red"}}, "filters.colour: Extra inputs"),
         ("/search", {"query": "x", "filters": {"meta": {"bad key": "v"}}}, "metadata key"),

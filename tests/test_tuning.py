@@ -149,17 +149,24 @@ def test_the_tuning_grid_equals_an_independent_computation(index, tmp_path):
 
     single = 0.0 if best < 0.5 else 1.0
     chosen = 0.5 if not clearly(best, 0.5) else best if clearly(best, single) else single
-    assert report.fusion == Fusion(chosen, round(1 - chosen, 2))
-    assert report.ndcg == {
+    minmax = []
+    for query, (dense, lexical) in zip(queries, lists, strict=True):
+        fused = independent_fusion(dense, lexical, 0.5, 0.5, "minmax")
+        rank = list(dict.fromkeys(chunks[c][0] for c, _ in fused)).index(query.document_id) + 1
+        minmax.append(1 / math.log2(rank + 1) if rank <= 10 else 0.0)
+    method = "minmax" if chosen == 0.5 and np.mean(minmax) >= np.mean(per_query[0.5]) else "rrf"
+    assert report.fusion == Fusion(chosen, round(1 - chosen, 2), method)
+    tuned = np.mean(minmax) if method == "minmax" else report.grid[f"{chosen:g}"]
+    assert report.ndcg == pytest.approx({
         "dense": report.grid["1"], "lexical": report.grid["0"], "equal": report.grid["0.5"],
-        "tuned": report.grid[f"{chosen:g}"],
-    }  # fmt: skip
+        "minmax": np.mean(minmax), "tuned": tuned,
+    })  # fmt: skip
 
 
 def test_a_build_stores_the_tuned_weights_and_search_uses_them(index):
     stored = index.meta["fusion"]
     assert stored["pseudo_queries"] == len(pseudo_queries(index)) and not stored["reason"]
-    assert stored["weights"] == tune(index).fusion.normalised().weights()
+    assert Fusion.of_index(index.meta) == tune(index).fusion.normalised()
     query = "how do I return a bicycle"
     explicit = index.search(query, k=10, weights=stored["weights"])
     assert [h.chunk_id for h in index.search(query, k=10)] == [h.chunk_id for h in explicit]
@@ -215,7 +222,9 @@ def test_incremental_builds_retune_only_after_a_large_change(tiny_models, tmp_pa
 def test_cli_build_tune_info_and_query_weights(tiny_models, tmp_path, corpus):
     folder = tmp_path / "index"
     built = ragidx("build", corpus, "--model", tiny_models["llama"], "--index", folder)
-    summary = r"hybrid weights dense [\d.]+, lexical [\d.]+, tuned on \d+ pseudo-queries in [\d.]+ s"
+    summary = (
+        r"hybrid fusion (rrf|minmax), dense [\d.]+, lexical [\d.]+, tuned on \d+ pseudo-queries in [\d.]+ s"
+    )
     assert re.search(summary, built.stdout)
     tuned = json.loads(ragidx("tune", "--index", folder, "--json", "--queries", "30").stdout)
     assert tuned["pseudo_queries"] == 30 and sum(tuned["weights"].values()) == pytest.approx(1)

@@ -3,8 +3,8 @@
 For an index built by ``ragidx eval retrieval DIR --index INDEX`` (one file per BEIR document)
 and tuned (by its build, or ``ragidx tune --index INDEX``), prints, for every dense weight of the
 tuning grid, nDCG@10 on the pseudo-queries (from the index's meta) and on the dataset's real
-queries, then the weight tuning picked and what it costs on the real queries against the best
-weight in hindsight, dense, lexical and equal-weight RRF.
+queries, then the fusion tuning picked and what it scores on the real queries against the best
+RRF weight in hindsight, dense, lexical, equal-weight RRF and equal-weight min-max.
 
     python tests/benchmarks/fusion.py ../shared/eval/scifact --split train \
         --max-docs 300 --max-queries 60 --index /tmp/fx/smollm2-prompteol [--json out.json]
@@ -25,15 +25,14 @@ from ragidx.indexer.tuning import DENSE_WEIGHTS, TuningReport
 DEPTH = 320  # what hybrid search fuses when eval asks for ~160 chunks
 
 
-def real_grid(index: Index, dataset) -> dict[float, float]:
-    """Mean document nDCG@10 of the real queries at every grid weight (a document = its best chunk)."""
+def real_scores(index: Index, dataset, fusions: list[Fusion]) -> list[float]:
+    """Mean document nDCG@10 of the real queries under each fusion (a document = its best chunk)."""
     query_ids = list(dataset.queries)
     rankings = index.rankings([dataset.queries[q] for q in query_ids], DEPTH)
     chunks = {chunk for lists in rankings for ranking in lists.values() for chunk, _ in ranking}
     paths = {chunk: row["path"] for chunk, row in index.reader.chunk_rows(sorted(chunks)).items()}
-    grid = {}
-    for weight in DENSE_WEIGHTS:
-        fusion = Fusion(weight, 1.0 - weight)
+    means = []
+    for fusion in fusions:
         scores = []
         for query, lists in zip(query_ids, rankings, strict=True):
             best: dict[str, float] = {}
@@ -41,8 +40,8 @@ def real_grid(index: Index, dataset) -> dict[float, float]:
                 doc = document_id(paths[chunk])
                 best[doc] = max(best.get(doc, score), score)
             scores.append(ndcg_at(list(best.items()), dataset.qrels[query], 10))
-        grid[weight] = sum(scores) / len(scores)
-    return grid
+        means.append(sum(scores) / len(scores))
+    return means
 
 
 def main() -> None:
@@ -59,7 +58,9 @@ def main() -> None:
         if not index.meta.get("fusion"):
             raise SystemExit(f"{args.index} was never tuned: run `ragidx tune --index {args.index}` first")
         report = TuningReport.from_meta(index.meta["fusion"])
-        real = real_grid(index, dataset)
+        fusions = [Fusion(w, 1.0 - w) for w in DENSE_WEIGHTS] + [Fusion(method="minmax"), report.fusion]
+        *grid, minmax_equal, at_chosen = real_scores(index, dataset, fusions)
+        real = dict(zip(DENSE_WEIGHTS, grid, strict=True))
         meta = index.meta
     pseudo = {float(weight): value for weight, value in report.grid.items()}
     print(
@@ -69,17 +70,18 @@ def main() -> None:
     print(f"{'dense w':>8}{'pseudo':>9}{'real':>9}")
     for weight in DENSE_WEIGHTS:
         print(f"{weight:>8.2f}{pseudo.get(weight, float('nan')):>9.4f}{real[weight]:>9.4f}")
-    chosen = report.fusion.normalised().dense
+    chosen = report.fusion.normalised()
     oracle = max(real, key=real.get)
     summary = {
         "model": meta["model"],
         "strategy": meta["strategy"],
         "pseudo_queries": report.queries,
         "tune_seconds": report.seconds,
-        "chosen_dense_weight": chosen,
-        "real_at_chosen": round(real[chosen], 4),
-        "best_dense_weight": oracle,
-        "real_at_best": round(real[oracle], 4),
+        "chosen": {"method": chosen.method, **chosen.weights()},
+        "real_at_chosen": round(at_chosen, 4),
+        "best_rrf_dense_weight": oracle,
+        "real_at_best_rrf": round(real[oracle], 4),
+        "real_minmax_equal": round(minmax_equal, 4),
         "real_dense": round(real[1.0], 4),
         "real_lexical": round(real[0.0], 4),
         "real_equal": round(real[0.5], 4),
