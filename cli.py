@@ -858,8 +858,9 @@ def tune(index_dir: Path | None, queries: int | None, device: str, as_json: bool
     """Re-tune the index's hybrid fusion weights on pseudo-queries drawn from its own documents.
 
     A sentence is cut out of a chunk and searched for, the rest of the chunk standing in for it;
-    the chunk's document is the answer. The dense weight with the best nDCG@10 is stored in the
-    index when it beats equal weights by more than the noise.
+    the chunk's document is the answer. A dense weight other than 0.5 is stored only when it beats
+    equal weights by more than the noise; at equal weights min-max fusion is kept when it scores
+    at least as well as reciprocal rank fusion.
     """
     from ragidx.indexer.store import IndexReader, IndexWriter, default_index_dir
     from ragidx.indexer.tuning import DEFAULT_QUERIES, tune_and_store

@@ -27,7 +27,7 @@ MIN_CANDIDATES = 100  # per list before fusion: enough that fusion can promote a
 class Hit:
     """One retrieved chunk; ``span`` is its (start, end) character offsets into the document's text.
 
-    ``score`` depends on the mode: cosine (dense), -BM25 (lexical), fused RRF value (hybrid).
+    ``score`` depends on the mode: cosine (dense), -BM25 (lexical), the fused value (hybrid).
     """
 
     rank: int
