@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from ragidx import __version__
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
+from ragidx.indexer.wording import counted
 
 MODEL_HELP = (
     "Model: a short name of a packaged model (see `ragidx models`), a .gguf file, a model folder, or a "
@@ -163,7 +165,21 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, ensure_ascii=False, indent=2))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OutputClosed(Exception):
+    """The reader of stdout went away (``ragidx query ... | head -1``): the output is no longer wanted."""
+
+
+class RagidxGroup(click.Group):
+    """Click turns a closed pipe into exit status 1; the reader having enough is no error."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as error:
+            raise OutputClosed from error
+
+
+@click.group(cls=RagidxGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
 @click.version_option(__version__, prog_name="ragidx")
 def cli(debug: bool) -> None:
@@ -246,7 +262,8 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         return
     click.echo(report.changes.summary())
     click.echo(
-        f"embedded {report.documents} documents as {report.chunks} chunks ({report.tokens} tokens) "
+        f"embedded {counted(report.documents, 'document')} as {counted(report.chunks, 'chunk')} "
+        f"({counted(report.tokens, 'token')}) "
         f"in {report.seconds:.1f} s, {report.vectors_per_second:.1f} vectors/s"
     )
     click.echo(
@@ -254,15 +271,17 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     )
     for key, value in report.strategy_notes.items():
         click.echo(f"  {key.replace('_', ' ')}: {value}")
+    if report.restored:
+        click.echo(f"re-embedded {counted(report.restored, 'chunk')} whose vectors were lost")
     if report.truncated_chunks:
-        click.echo(f"{report.truncated_chunks} chunks were cut to --max-length")
+        click.echo(f"{counted(report.truncated_chunks, 'chunk')} cut to --max-length")
     if report.skipped:
-        click.echo(f"skipped {len(report.skipped)} files:")
+        click.echo(f"skipped {counted(len(report.skipped), 'path')}:")
         for skipped in report.skipped:
-            click.echo(f"  {skipped.path}: {skipped.reason}")
+            click.echo(f"  {_display_path(skipped.path)}: {skipped.reason}")
     click.echo(
         f"index {report.index_dir} (generation {report.generation}): "
-        f"{report.total_documents} documents, {report.total_chunks} chunks"
+        f"{counted(report.total_documents, 'document')}, {counted(report.total_chunks, 'chunk')}"
     )
     click.echo(f"vectors: {report.vector_index.describe()}")
     if report.vector_index_rebuilt:
@@ -760,21 +779,26 @@ def rm(paths: tuple[str, ...], index_dir: Path | None) -> None:
     for path in report.removed:
         click.echo(f"removed {_display_path(path)}")
     click.echo(
-        f"{len(report.removed)} documents removed; generation {report.generation}: "
-        f"{report.documents} documents, {report.chunks} chunks"
+        f"{counted(len(report.removed), 'document')} removed; generation {report.generation}: "
+        f"{counted(report.documents, 'document')}, {counted(report.chunks, 'chunk')}"
     )
 
 
 @cli.command()
 @_index_option
-@click.option("--repair", is_flag=True, help="Fix what can be fixed, in a new generation.")
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Fix what can be fixed, in a new generation (lost or damaged vectors are re-embedded).",
+)
+@_device_option
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
-def check(index_dir: Path | None, repair: bool, as_json: bool) -> None:
+def check(index_dir: Path | None, repair: bool, device: str, as_json: bool) -> None:
     """Verify that vectors, chunks, lexical rows and generation files agree; exit 1 if not."""
     from ragidx.indexer.maintenance import check as run_check
     from ragidx.indexer.store import default_index_dir
 
-    report = run_check(index_dir or default_index_dir(), repair)
+    report = run_check(index_dir or default_index_dir(), repair, device)
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -792,12 +816,26 @@ def check(index_dir: Path | None, repair: bool, as_json: bool) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run.")
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1024),
+    default=1_000_000,
+    show_default=True,
+    help="Largest request body accepted; larger ones get 413.",
+)
 def serve(
-    index_dir: Path | None, device: str, dtype: str | None, host: str, port: int, trust_remote_code: bool
+    index_dir: Path | None,
+    device: str,
+    dtype: str | None,
+    host: str,
+    port: int,
+    trust_remote_code: bool,
+    max_body_bytes: int,
 ) -> None:
     """Serve the index over HTTP: /search, /embed, /health, /info, and a search page at /."""
     try:
         import uvicorn
+
         from ragidx.app.server import create_app
     except ImportError as error:
         raise RagidxError(
@@ -810,7 +848,7 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: listening on {host}: anyone who can reach it can read the index", err=True)
     click.echo(f"serving {index.reader.directory} on http://{host}:{port}/", err=True)
-    uvicorn.run(create_app(index), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(index, max_body_bytes), host=host, port=port, log_level="warning")
 
 
 @cli.command()
@@ -905,15 +943,25 @@ def _display_path(path: str) -> str:
         return path
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail on a closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become one line on stderr and a non-zero exit code unless --debug."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("RAGIDX_DEBUG") == "1"
     try:
         code = cli.main(args=args, prog_name="ragidx", standalone_mode=False)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except click.exceptions.Abort:
         click.echo("error: aborted", err=True)
         sys.exit(130)
+    except (OutputClosed, BrokenPipeError):
+        _quiet_stdout()  # the reader (`| head`) has what it wanted: not an error
+        sys.exit(0)
     except click.ClickException as error:
         error.show()
         sys.exit(error.exit_code)

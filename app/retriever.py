@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
 from ragidx.app.snippets import Snippet, make_snippet, query_stems
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.filters import Filters
@@ -49,6 +50,15 @@ class Hit:
 FilterSpec = Filters | Mapping[str, Any] | None
 WeightSpec = Fusion | Mapping[str, float] | None
 Result = TypeVar("Result")
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` can be stored and searched as UTF-8 (lone surrogates cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Index:
@@ -120,15 +130,9 @@ class Index:
     @property
     def strategy(self) -> Strategy:
         if self._strategy is None:
-            from ragidx.indexer.models import check_same_file, resolve_model
-            from ragidx.indexer.runtime import load_runtime
-            from ragidx.indexer.strategies import bfloat16_ok, strategy_from_index
+            from ragidx.indexer.strategies import load_index_strategy
 
-            source = resolve_model(self.meta["model"])
-            check_same_file(source, self.meta.get("model_file"))
-            allowed = bfloat16_ok([self.meta["strategy"]])
-            runtime = load_runtime(source, self.device, self.dtype, self.trust_remote_code, allowed)
-            self._strategy = strategy_from_index(self.meta["strategy"], runtime, self.meta["strategy_params"])
+            self._strategy = load_index_strategy(self.meta, self.device, self.dtype, self.trust_remote_code)
         return self._strategy
 
     def check_compatible(self, model: str | None = None, strategy: str | None = None) -> None:
@@ -162,6 +166,7 @@ class Index:
         fusion: str | None = None,
         ef_search: int | None = None,
         nprobe: int | None = None,
+        query_vector: np.ndarray | None = None,
     ) -> list[Hit]:
         """The ``k`` best chunks for ``query``.
 
@@ -174,7 +179,9 @@ class Index:
         ``filters`` (a :class:`Filters` or ``{"path": ..., "ext": ..., "meta": {...}}``) restrict
         the candidates inside each search, so ``k`` hits come back whenever ``k`` chunks match;
         ``min_score`` then drops hits scoring below it. ``ef_search`` (HNSW) and ``nprobe`` (IVF)
-        override the index's stored search parameters for this call.
+        override the index's stored search parameters for this call. ``query_vector`` (shape
+        ``(1, dimension)``) is the query's embedding where the caller already has it (a server
+        embedding queued queries in one batch).
         """
         return self.search_many(
             [query],
@@ -186,6 +193,7 @@ class Index:
             fusion=fusion,
             ef_search=ef_search,
             nprobe=nprobe,
+            vectors=query_vector,
         )[0]
 
     def search_many(
@@ -200,8 +208,10 @@ class Index:
         fusion: str | None = None,
         ef_search: int | None = None,
         nprobe: int | None = None,
+        vectors: np.ndarray | None = None,
     ) -> list[list[Hit]]:
-        """:meth:`search` for several queries, embedding them in one batch."""
+        """:meth:`search` for several queries, embedding them in one batch (unless ``vectors``,
+        their embeddings, are given)."""
         if k < 1:
             raise RagidxError(f"k must be at least 1, got {k}")
         for name, value in (("ef_search", ef_search), ("nprobe", nprobe)):
@@ -214,6 +224,8 @@ class Index:
             raise RagidxError(f"weights and fusion apply to hybrid search, not to {mode}")
         if any(not query.strip() for query in queries):
             raise RagidxError("the query is empty")
+        if not all(query.isascii() or _encodable(query) for query in queries):
+            raise RagidxError("the query is not valid Unicode text (it holds a lone surrogate)")
         chosen = filters if isinstance(filters, Filters) else Filters.from_mapping(filters)
         given = weights if isinstance(weights, Fusion) or weights is None else Fusion.from_weights(weights)
         method = fusion or (weights.method if isinstance(weights, Fusion) else None)
@@ -221,7 +233,9 @@ class Index:
             Fusion(method=method)  # refused here, before any work, if unknown
         return self._in_snapshot(
             mode != "lexical",
-            lambda: self._search_snapshot(queries, k, mode, chosen, min_score, (given, method), tuning),
+            lambda: self._search_snapshot(
+                queries, k, mode, chosen, min_score, (given, method), tuning, vectors
+            ),
         )
 
     def rankings(
@@ -257,12 +271,13 @@ class Index:
         min_score: float | None,
         override: tuple[Fusion | None, str | None],
         tuning: dict[str, int | None],
+        vectors: np.ndarray | None,
     ) -> list[list[Hit]]:
         candidates = k if mode != "hybrid" else max(MIN_CANDIDATES, 2 * k)
         fusion = self._fusion(*override)
         results = []
         for query, ranked in zip(
-            queries, self._ranked_lists(queries, candidates, mode, filters, tuning), strict=True
+            queries, self._ranked_lists(queries, candidates, mode, filters, tuning, vectors), strict=True
         ):
             scored = fusion.fuse(ranked) if mode == "hybrid" else ranked[mode]
             if min_score is not None:
@@ -288,9 +303,10 @@ class Index:
         allowed = self.reader.filtered_chunk_ids(filters) if filters else None
         if allowed is not None and not len(allowed):
             return [{"dense": [], "lexical": []} for _ in queries]
-        if mode != "lexical" and vectors is None:
-            vectors = self.embed(list(queries), "query")
-        dense = self._dense_rankings(vectors, limit, allowed, tuning) if vectors is not None else None
+        dense = None
+        if mode != "lexical":
+            vectors = self.embed(list(queries), "query") if vectors is None else vectors
+            dense = self._dense_rankings(vectors, limit, allowed, tuning)
         return [
             {
                 "dense": dense[index] if dense is not None else [],

@@ -1,23 +1,29 @@
 """HTTP API over one open index (FastAPI): search, embed, health, info, and a search page at ``/``.
 
-The model is loaded once, before the first request. Requests run in FastAPI's thread pool but
-pass through one lock: strategies such as kv-embedding and htp re-route the model's attention for
-the length of a forward pass, so two interleaved forwards would corrupt each other. Request data
-is only ever query text, numbers and filter values; nothing in a request names a file to open.
+The model is loaded once, before the first request. Every use of the index passes through one
+lock: strategies such as kv-embedding and htp re-route the model's attention for the length of a
+forward pass, so two interleaved forwards would corrupt each other. Searches waiting for the lock
+are answered together, their queries embedded in one forward (:mod:`ragidx.app.batching`).
+Request data is only ever query text, numbers and filter values; nothing in a request names a
+file to open. Bodies are bounded (:class:`BodyLimit`) and errors never echo the input back.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
+from collections.abc import Awaitable, Callable, MutableMapping
 from importlib import resources
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
 from ragidx import __version__
+from ragidx.app.batching import SearchBatcher
 from ragidx.app.retriever import Index
 from ragidx.indexer.errors import RagidxError
 
@@ -26,16 +32,39 @@ MAX_TEXT_CHARS = 20_000
 MAX_EMBED_TEXTS = 256
 MAX_WEIGHT = 1e6  # only the ratio of the weights matters
 MAX_SEARCH_BREADTH = 65_536  # efSearch / nprobe: beyond this a request is a denial of service, not tuning
+MAX_BODY_BYTES = 1_000_000  # default bound on a request body (`ragidx serve --max-body-bytes`)
+SHOWN_CHARS = 40  # of a field name in an error
 
-MetaValue = str | int | float | bool | list[str | int | float | bool]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def _valid_unicode(text: str) -> str:
+    """JSON can carry lone surrogates (``"\\ud800"``); no index can store or search them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+Alternatives = Annotated[list[Text], BeforeValidator(_as_list)]  # one string, or a list of them
+Number = Annotated[float, Field(allow_inf_nan=False)]
+MetaValue = Text | int | Number | bool | list[Text | int | Number | bool]
 
 
 class FilterBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str | list[str] | None = None
-    ext: str | list[str] | None = None
-    meta: dict[str, MetaValue] | None = None
+    path: Alternatives | None = None
+    ext: Alternatives | None = None
+    meta: dict[Text, MetaValue] | None = None
 
 
 class WeightsBody(BaseModel):
@@ -50,11 +79,11 @@ class WeightsBody(BaseModel):
 class SearchBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
+    query: Text = Field(min_length=1, max_length=MAX_TEXT_CHARS)
     k: int = Field(default=10, ge=1, le=MAX_K)
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
     filters: FilterBody | None = None
-    min_score: float | None = None
+    min_score: Number | None = None
     weights: WeightsBody | None = None
     fusion: Literal["rrf", "minmax"] | None = None
     ef_search: int | None = Field(default=None, ge=1, le=MAX_SEARCH_BREADTH)
@@ -64,27 +93,81 @@ class SearchBody(BaseModel):
 class EmbedBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    texts: list[str] = Field(min_length=1, max_length=MAX_EMBED_TEXTS)
+    texts: list[Annotated[Text, Field(max_length=MAX_TEXT_CHARS)]] = Field(
+        min_length=1, max_length=MAX_EMBED_TEXTS
+    )
     role: Literal["query", "document"] = "query"
 
 
-def create_app(index: Index) -> FastAPI:
+def _shown(part: str | int) -> str | int:
+    """A field name or list index from an error's location, short and encodable."""
+    if isinstance(part, int):
+        return part
+    text = str(part).encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` gets 413 before the application reads
+    any of it (by its Content-Length, or once the bytes received pass the bound)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int = MAX_BODY_BYTES):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(send)
+                return
+            if not message.get("more_body"):
+                break
+        body: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay() -> Message:
+            return body.pop() if body else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send) -> None:
+        detail = json.dumps({"detail": f"request body larger than {self.max_bytes} bytes"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(detail)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": detail})
+
+
+def create_app(index: Index, max_body_bytes: int = MAX_BODY_BYTES) -> BodyLimit:
     """The application serving ``index``; call ``index.strategy`` first to load the model up front."""
     app = FastAPI(title="ragidx", version=__version__, docs_url="/docs", redoc_url=None)
     lock = threading.Lock()
+    batcher = SearchBatcher(index, lock)
     page = resources.files("ragidx.app").joinpath("static/search.html").read_text(encoding="utf-8")
 
     @app.exception_handler(RequestValidationError)
     def invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0]
+        """One line per problem, naming where and what, never the input (it may be huge, or not
+        encodable: NaN, lone surrogates)."""
+        errors = [
+            {"loc": [_shown(part) for part in e["loc"]], "type": e["type"], "msg": e["msg"]}
+            for e in error.errors()
+        ]
+        first = errors[0]
         where = ".".join(str(part) for part in first["loc"] if part != "body")
-        return JSONResponse(
-            status_code=422,
-            content={
-                "detail": f"{where}: {first['msg']}" if where else first["msg"],
-                "errors": jsonable_encoder(error.errors()),
-            },
-        )
+        detail = f"{where}: {first['msg']}" if where else first["msg"]
+        return JSONResponse(status_code=422, content={"detail": detail, "errors": errors})
 
     @app.exception_handler(RagidxError)
     def refused(_: Request, error: RagidxError) -> JSONResponse:
@@ -107,21 +190,19 @@ def create_app(index: Index) -> FastAPI:
             return index.info()
 
     @app.post("/search")
-    def search(body: SearchBody) -> dict[str, Any]:
-        filters = body.filters.model_dump(exclude_none=True) if body.filters else None
-        weights = body.weights.model_dump() if body.weights else None
-        with lock:
-            tuning = {"ef_search": body.ef_search, "nprobe": body.nprobe}
-            hits = index.search(
-                body.query,
-                body.k,
-                body.mode,
-                filters,
-                body.min_score,
-                weights=weights,
-                fusion=body.fusion,
-                **tuning,
-            )
+    async def search(body: SearchBody) -> dict[str, Any]:
+        answer = batcher.submit(
+            body.query,
+            k=body.k,
+            mode=body.mode,
+            filters=body.filters.model_dump(exclude_none=True) if body.filters else None,
+            min_score=body.min_score,
+            weights=body.weights.model_dump() if body.weights else None,
+            fusion=body.fusion,
+            ef_search=body.ef_search,
+            nprobe=body.nprobe,
+        )
+        hits = await asyncio.wrap_future(answer)
         return {"query": body.query, "mode": body.mode, "k": body.k, "hits": [hit.to_dict() for hit in hits]}
 
     @app.post("/embed")
@@ -130,4 +211,4 @@ def create_app(index: Index) -> FastAPI:
             vectors = index.embed(body.texts, body.role)
         return {"role": body.role, "dimension": int(vectors.shape[1]), "vectors": vectors.tolist()}
 
-    return app
+    return BodyLimit(app, max_body_bytes)

@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ragidx.indexer.lexical import stop_words
+
 WORD = re.compile(r"\w+")
 SNIPPET_CHARS = 240
 
@@ -41,13 +43,6 @@ def _stemmer():
     return snowballstemmer.stemmer("porter")
 
 
-@functools.cache
-def _stop_words() -> frozenset[str]:
-    from spacy.lang.en.stop_words import STOP_WORDS
-
-    return frozenset(STOP_WORDS)
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def stem(word: str) -> str:
     return _stemmer().stemWord(word.lower())
@@ -69,7 +64,7 @@ class _StemMatcher:
 def query_stems(query: str) -> frozenset[str]:
     """The stems a snippet should match: the query's content words, or all its words if none."""
     words = [w.lower() for w in WORD.findall(query)]
-    content = [w for w in words if w not in _stop_words()] or words
+    content = [w for w in words if w not in stop_words()] or words
     return frozenset(stem(w) for w in content)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from ragidx.indexer.precision import best_flops_per_second
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ def _plain_forward_rate(runtime: ModelRuntime, texts: Sequence[str]) -> Anchor:
     """Ten lines of transformers: tokenizer padding in input order, full forward, masked mean
     (with the model's linear layers as transformers ships them, not packed)."""
     import torch
+
     from ragidx.indexer.packed_linear import unpacked
 
     tokenizer, model = runtime.tokenizer, runtime.model

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from ragidx.indexer.cache import cache_dir
 from ragidx.indexer.errors import RagidxError
 
@@ -83,6 +84,7 @@ def layer_representations(
     text and, as attention sinks, often huge, so they would swamp the distances TwoNN measures.
     """
     import torch
+
     from ragidx.indexer.strategies.pooling import masked_mean
 
     specials = torch.tensor(sorted(set(runtime.tokenizer.all_special_ids)), dtype=torch.long)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ragidx.indexer.sources import ScanResult, SourceDocument
+from ragidx.indexer.sources import ScanResult, SourceDocument, normal_path
 
 
 @dataclass
@@ -39,14 +39,15 @@ def under(path: str, roots: Iterable[str]) -> bool:
 
 
 def absolute_roots(paths: Sequence[str | Path]) -> list[str]:
-    return [str(Path(p).absolute()) for p in paths]
+    """Each path as the index stores it, and as an index written before paths were normalised did."""
+    return list(dict.fromkeys(form for p in paths for form in (normal_path(p), str(Path(p).absolute()))))
 
 
 def plan_changes(
     scanned: ScanResult, indexed: Mapping[str, tuple[int, str]], roots: Sequence[str | Path]
 ) -> ChangePlan:
     """Diff by path and SHA-256. Only documents under the build's ``roots`` can be removed, and a
-    file that still exists but could not be read this time keeps its indexed version."""
+    file or folder that still exists but could not be read this time keeps its indexed version."""
     plan = ChangePlan()
     seen = set()
     for document in scanned.documents:
@@ -59,10 +60,11 @@ def plan_changes(
             plan.stale.append(previous[0])
         else:
             plan.unchanged += 1
-    kept = seen | {str(Path(s.path).absolute()) for s in scanned.skipped}
+    kept = seen | {s.path for s in scanned.skipped}
+    unlisted = [s.path for s in scanned.skipped if s.folder]
     within = absolute_roots(roots)
     for path, (document_id, _) in indexed.items():
-        if path not in kept and under(path, within):
+        if path not in kept and under(path, within) and not under(path, unlisted):
             plan.removed += 1
             plan.stale.append(document_id)
     return plan

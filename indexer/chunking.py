@@ -94,7 +94,8 @@ class Chunker:
         return result
 
     def _split_long(self, text: str, span: Span) -> list[Span]:
-        """Cut one over-long sentence into pieces of at most ``chunk_tokens`` tokens each."""
+        """Cut one over-long sentence into pieces of at most ``chunk_tokens`` tokens each, between
+        words (inside a word only when one word alone is over the budget)."""
         start, _ = span
         offsets = self.tokenizer(text[slice(*span)], add_special_tokens=False, return_offsets_mapping=True)[
             "offset_mapping"
@@ -108,6 +109,7 @@ class Chunker:
                 0
             ] > (self.chunk_tokens):
                 stop -= 1
+            stop = _word_boundary(text, offsets, first, stop)
             piece = _trim(text, offsets[first][0], offsets[stop - 1][1])
             if piece[0] < piece[1]:
                 pieces.append(piece)
@@ -147,6 +149,18 @@ class Chunker:
         while start < stop and sum(sizes[start : stop + 1]) + (stop - start) > self.chunk_tokens:
             start += 1
         return start
+
+
+def _word_boundary(text: str, offsets: Sequence[Span], first: int, stop: int) -> int:
+    """The last cut at or before token ``stop`` that falls between words (whitespace on either
+    side of the next token's start); ``stop`` itself when tokens ``first..stop`` are one word."""
+    for cut in range(stop, first, -1):
+        if cut == len(offsets):
+            return cut
+        at = offsets[cut][0]
+        if text[at].isspace() or text[at - 1].isspace():
+            return cut
+    return stop
 
 
 def _load_spacy(name: str | None) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import numpy as np
+
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.metrics import mean_retrieval_metrics, spearman

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.wording import excerpt
 
 META_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$")
 FILTER_KINDS = ("path", "ext", "meta")
+MAX_FILTER_VALUES = 100  # per kind, metadata keys, and values per key
 # json_each yields a JSON scalar's SQL value; booleans and null are spelled as JSON spells them.
 JSON_VALUE_AS_TEXT = (
     "case type when 'true' then 'true' when 'false' then 'false' when 'null' then 'null' "
@@ -45,13 +47,13 @@ class Filters:
     ) -> Filters:
         """Validate and normalise: ``./`` dropped from globs, extensions without dot and lower-cased,
         metadata values as strings (a list means any of them)."""
-        globs = tuple(dict.fromkeys(_glob(p) for p in paths))
-        extensions = tuple(dict.fromkeys(_extension(e) for e in exts))
+        globs = tuple(dict.fromkeys(_glob(p) for p in _bounded("path", list(paths))))
+        extensions = tuple(dict.fromkeys(_extension(e) for e in _bounded("ext", list(exts))))
         pairs = []
-        for key, value in (meta or {}).items():
+        for key, value in _bounded("meta", list((meta or {}).items())):
             if not isinstance(key, str) or not META_KEY.match(key):
-                raise RagidxError(f"metadata key {key!r} may use only letters, digits and _ . : -")
-            values = value if isinstance(value, list | tuple) else [value]
+                raise RagidxError(f"metadata key {excerpt(key)} may use only letters, digits and _ . : -")
+            values = _bounded(f"meta {key}", value if isinstance(value, list | tuple) else [value])
             if not values:
                 raise RagidxError(f"metadata filter {key!r} has no value")
             pairs.append((key, tuple(dict.fromkeys(_meta_value(key, v) for v in values))))
@@ -66,7 +68,7 @@ class Filters:
             raise RagidxError("filters must be an object with the keys path, ext and meta")
         unknown = sorted(set(data) - set(FILTER_KINDS))
         if unknown:
-            raise RagidxError(f"unknown filter {unknown[0]!r}: use {', '.join(FILTER_KINDS)}")
+            raise RagidxError(f"unknown filter {excerpt(unknown[0])}: use {', '.join(FILTER_KINDS)}")
         meta = data.get("meta") or {}
         if not isinstance(meta, Mapping):
             raise RagidxError('the "meta" filter must map keys to values')
@@ -79,7 +81,7 @@ class Filters:
         for pair in pairs:
             key, sep, value = pair.partition("=")
             if not sep or not key.strip():
-                raise RagidxError(f"--meta expects KEY=VALUE, got {pair!r}")
+                raise RagidxError(f"--meta expects KEY=VALUE, got {excerpt(pair)}")
             meta.setdefault(key.strip(), []).append(value)
         return meta
 
@@ -116,6 +118,15 @@ class Filters:
         return (" and ".join(clauses) or "1"), params
 
 
+def _bounded(kind: str, values: Sequence[Any]) -> Sequence[Any]:
+    """Refuse more alternatives than a search needs (SQLite refuses statements past its limits)."""
+    if len(values) > MAX_FILTER_VALUES:
+        raise RagidxError(
+            f"the {kind} filter has {len(values)} values; at most {MAX_FILTER_VALUES} are allowed"
+        )
+    return values
+
+
 def _strings(kind: str, value: Any) -> list[str]:
     if value is None:
         return []
@@ -135,7 +146,7 @@ def _glob(pattern: str) -> str:
 def _extension(ext: str) -> str:
     normalised = ext.strip().lower().lstrip(".")
     if not normalised or any(c in normalised for c in "/*?["):
-        raise RagidxError(f"--ext expects an extension such as md, got {ext!r}")
+        raise RagidxError(f"--ext expects an extension such as md, got {excerpt(ext)}")
     return normalised
 
 

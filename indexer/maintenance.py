@@ -6,13 +6,20 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from ragidx.indexer.changes import absolute_roots, under
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.store import DB_NAME, IndexWriter, in_batches, vectors_file
-from ragidx.indexer.vector_index import stored_ids
+from ragidx.indexer.lexical import CJK_TABLE, fill_cjk_table
+from ragidx.indexer.store import DB_NAME, IndexWriter, no_index, vectors_file
+from ragidx.indexer.strategies import load_index_strategy
+from ragidx.indexer.vector_index import live_vectors
+from ragidx.indexer.wording import counted
+
+if TYPE_CHECKING:
+    from ragidx.indexer.strategies import Strategy
 
 
 @dataclass
@@ -40,7 +47,7 @@ def remove(paths: Sequence[str | Path], index_dir: Path) -> RemoveReport:
 
 def _open_existing(index_dir: Path, clean_stale: bool = True) -> IndexWriter:
     """Write access to an index that has a committed generation; never creates one."""
-    missing = RagidxError(f"no index at {index_dir} (run `ragidx build PATH` first, or pass --index DIR)")
+    missing = no_index(Path(index_dir))
     if not (Path(index_dir) / DB_NAME).is_file():
         raise missing
     writer = IndexWriter(index_dir, clean_stale)
@@ -50,23 +57,26 @@ def _open_existing(index_dir: Path, clean_stale: bool = True) -> IndexWriter:
     return writer
 
 
-# (problem, detail, SQL counting the rows at fault, SQL repairing them)
+# (problem, what is counted, detail, SQL counting the rows at fault, SQL repairing them)
 ROW_RULES = (
     (
         "orphan-chunks",
-        "{} chunks belong to no document",
+        "chunk",
+        "belonging to no document",
         "select count(*) from chunks where document_id not in (select id from documents)",
         "delete from chunks where document_id not in (select id from documents)",
     ),
     (
         "chunk-counts",
-        "{} documents have a wrong chunk count",
+        "document",
+        "with a wrong chunk count",
         "select count(*) from documents d where chunk_count != "
         "(select count(*) from chunks c where c.document_id = d.id)",
         "update documents set chunk_count = "
         "(select count(*) from chunks c where c.document_id = documents.id)",
     ),
 )
+UNIT_NORM_TOLERANCE = 1e-3  # every strategy stores unit vectors; float32 rounding stays far inside this
 
 
 @dataclass
@@ -93,28 +103,29 @@ class CheckReport:
         }
 
 
-def check(index_dir: Path, repair: bool = False) -> CheckReport:
+def check(index_dir: Path, repair: bool = False, device: str = "auto") -> CheckReport:
     """Compare vectors, chunks, documents, the FTS5 table and the generation files.
 
     Repairs: stale generation files are deleted, the FTS5 table is rebuilt from the chunks,
     document chunk counts are recomputed, chunks without a document are deleted, vectors without
-    a chunk are dropped, and documents with chunks but no vectors are removed (the next build
-    re-embeds them, since they are then new). Each repair that touches vectors commits a new
-    generation, so readers never see a half-repaired index.
+    a chunk are dropped, and chunks whose vectors are missing (a lost vector file included), not
+    finite or not of unit length are re-embedded from their stored text with the index's model
+    (loaded on ``device``). Each repair that touches vectors commits a new generation, so readers
+    never see a half-repaired index.
     """
     with _open_existing(index_dir, clean_stale=False) as writer:
         report = CheckReport(int(writer.meta["generation"]))
         db = writer.db
         _check_files(writer, report, repair)
         _check_fts(db, report, repair)
-        for kind, detail, count_sql, repair_sql in ROW_RULES:
+        for kind, noun, detail, count_sql, repair_sql in ROW_RULES:
             found = db.execute(count_sql).fetchone()[0]
             if found:
-                report.problems.append(Problem(kind, detail.format(found), repair))
+                report.problems.append(Problem(kind, f"{counted(found, noun)} {detail}", repair))
                 if repair:
                     with db.atomic():
                         db.execute(repair_sql)
-        _check_vectors(writer, report, repair)
+        _check_vectors(writer, report, repair, device)
         report.generation = int(writer.meta["generation"])
     return report
 
@@ -132,49 +143,63 @@ def _check_files(writer: IndexWriter, report: CheckReport, repair: bool) -> None
 def _check_fts(db: Any, report: CheckReport, repair: bool) -> None:
     try:
         db.execute("insert into chunks_fts(chunks_fts, rank) values('integrity-check', 1)")
+        db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('integrity-check')")
         return
     except sqlite3.DatabaseError as error:
         report.problems.append(
-            Problem("lexical-index", f"FTS5 table disagrees with the chunks ({error})", repair)
+            Problem("lexical-index", f"FTS5 tables disagree with the chunks ({error})", repair)
         )
     if repair:
         with db.atomic():
             db.execute("insert into chunks_fts(chunks_fts) values('rebuild')")
+            db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('delete-all')")
+            fill_cjk_table(db)
 
 
-def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool) -> None:
+def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, device: str) -> None:
+    """Vectors must match the chunks one to one and be finite unit vectors; a repair drops the
+    extra ones and re-embeds the missing and damaged ones from the chunks' stored text."""
     unreadable = False
     try:
-        stored = writer.current_vectors()
-        vector_ids = set(np.setdiff1d(stored_ids(stored.index), stored.tombstones).tolist())
+        ids, vectors = live_vectors(writer.current_vectors())
     except RagidxError as error:
         report.problems.append(Problem("vectors", str(error), repair))
-        vector_ids, unreadable = set(), True
-    chunk_ids = {row[0] for row in writer.db.execute("select id from chunks").fetchall()}
-    extra = sorted(vector_ids - chunk_ids)
-    missing = sorted(chunk_ids - vector_ids)
-    if extra:
-        report.problems.append(Problem("vectors-without-chunks", f"{len(extra)} vectors", repair))
-    if missing:
-        report.problems.append(Problem("chunks-without-vectors", f"{len(missing)} chunks", repair))
-    if not repair or not (extra or missing):
-        return
-    documents = _documents_of(writer, missing)
-    empty = np.zeros((0, int(writer.meta["dimension"])), dtype=np.float32)
-    drop = np.array(extra, dtype=np.int64)
-    writer.commit([], empty, writer.meta, documents, drop_vectors=drop, fresh_vectors=unreadable)
-    if documents:
-        report.problems.append(
-            Problem(
-                "removed", f"{len(documents)} documents without vectors: build again to re-add them", True
+        ids, vectors, unreadable = np.zeros(0, np.int64), np.zeros((0, 0), np.float32), True
+    chunk_ids = writer.chunk_ids()
+    extra = np.setdiff1d(ids, chunk_ids)
+    missing = np.setdiff1d(chunk_ids, ids)
+    damaged = np.intersect1d(ids[~unit_vectors(vectors)], chunk_ids)
+    for kind, found, noun in (
+        ("vectors-without-chunks", extra, "vector"),
+        ("chunks-without-vectors", missing, "chunk"),
+        ("damaged-vectors", damaged, "vector"),
+    ):
+        if len(found):
+            detail = counted(len(found), noun) + (
+                " not finite or not of unit length" if kind == "damaged-vectors" else ""
             )
+            report.problems.append(Problem(kind, detail, repair))
+    if not repair or not (len(extra) or len(missing) or len(damaged)):
+        return
+    restored = np.union1d(missing, damaged)
+    with writer.next_generation() as pending:
+        if len(restored):
+            pending.restore(restored, reembed(writer, load_index_strategy(writer.meta, device), restored))
+        pending.commit(writer.meta, drop_vectors=np.union1d(extra, damaged), fresh_vectors=unreadable)
+    if len(restored):
+        report.problems.append(
+            Problem("re-embedded", f"{counted(len(restored), 'chunk')} from their stored text", True)
         )
 
 
-def _documents_of(writer: IndexWriter, chunk_ids: list[int]) -> list[int]:
-    found: set[int] = set()
-    for batch in in_batches(chunk_ids):
-        marks = ",".join("?" for _ in batch)
-        rows = writer.db.execute(f"select distinct document_id from chunks where id in ({marks})", batch)
-        found.update(row[0] for row in rows)
-    return sorted(found)
+def unit_vectors(vectors: np.ndarray) -> np.ndarray:
+    """Which rows are finite and of unit length (what dense search assumes)."""
+    norms = np.linalg.norm(vectors, axis=1) if vectors.size else np.zeros(len(vectors))
+    return np.isfinite(vectors).all(axis=1) & (np.abs(norms - 1) <= UNIT_NORM_TOLERANCE)
+
+
+def reembed(writer: IndexWriter, strategy: Strategy, chunk_ids: np.ndarray) -> np.ndarray:
+    """Vectors for chunks already in the index, from their stored text and sentence spans, as the
+    build that stored them computed them."""
+    texts, sentences = writer.stored_chunks(chunk_ids.tolist())
+    return strategy.encode(texts, "document", None, sentences)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -12,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ragidx import __version__
 from ragidx.indexer.changes import ChangePlan, plan_changes
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.models import check_same_file, resolve_model
+from ragidx.indexer.maintenance import reembed
+from ragidx.indexer.models import canonical_model_id, check_same_file, resolve_model
+from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.runtime import default_model, load_runtime
 from ragidx.indexer.sources import SkippedFile, SourceDocument, read_document, scan
 from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration, default_index_dir
@@ -128,6 +130,7 @@ class BuildReport:
     vector_index: VectorIndexSettings
     vector_index_rebuilt: str
     tuning: TuningReport | None = None  # when this build tuned the hybrid weights
+    restored: int = 0  # chunks whose lost vectors this build re-embedded from their stored text
     fusion: dict[str, Any] | None = None  # the index's hybrid weights and the figures behind them
 
     @property
@@ -155,6 +158,7 @@ class BuildReport:
             "vector_index_rebuilt": self.vector_index_rebuilt,
             "fusion": self.fusion,
             "tuned": self.tuning is not None,
+            "restored": self.restored,
             "tokens": self.tokens,
             "truncated_chunks": self.truncated_chunks,
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
@@ -185,18 +189,21 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         )
         raise RagidxError(f"no readable documents in {', '.join(map(str, paths))}{detail}")
     with IndexWriter(options.index_dir) as writer:
-        stored = writer.meta if writer.meta.get("generation") and not options.rebuild else {}
+        previous = writer.meta if writer.meta.get("generation") else {}
+        stored = previous if not options.rebuild else {}
+        inherited = _inherited_settings(options, previous)
         plan = plan_changes(scanned, writer.documents() if stored else {}, paths)
         vector_index = options.vector_index(writer.meta)
         restructure = bool(stored) and vector_index != VectorIndexSettings.from_meta(stored)
-        if stored and not plan.to_embed and not _changes_settings(options, stored):
+        lost = bool(stored) and writer.vectors_lost()  # restored from the chunks' stored text
+        if stored and not plan.to_embed and not lost and not _changes_settings(options, stored):
             committed = (
                 writer.commit([], _no_vectors(stored), stored, plan.stale, vector_index=vector_index)
                 if plan.stale or restructure
                 else None
             )
             return _report(options, writer, plan, scanned.skipped, started, stored, committed)
-        source = resolve_model(options.model or stored.get("model") or default_model())
+        source = resolve_model(options.model or inherited.get("model") or default_model())
         if source.model_id == stored.get("model"):
             check_same_file(source, stored.get("model_file"))  # before a changed GGUF is converted
         runtime = load_runtime(
@@ -204,11 +211,11 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             options.device,
             _dtype(options, stored),
             options.trust_remote_code,
-            bfloat16_ok([options.strategy or stored.get("strategy")]),
+            bfloat16_ok([options.strategy or inherited.get("strategy")]),
         )
-        name, reason = _choose_strategy(options, stored, runtime, scanned.documents)
-        strategy = _create_strategy(name, runtime, options, stored)
-        chunker = _create_chunker(runtime, strategy, options, stored)
+        name, reason = _choose_strategy(options, inherited, runtime, scanned.documents)
+        strategy = _create_strategy(name, runtime, options, inherited)
+        chunker = _create_chunker(runtime, strategy, options, inherited)
         settings = {
             "model": runtime.model_id,
             "model_revision": runtime.revision,
@@ -219,10 +226,14 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
             "chunker": chunker.settings,
         }
         _refuse_incompatible(stored, settings)
-        if stored and not plan.changes_anything and not restructure:
+        if stored and not plan.changes_anything and not restructure and not lost:
             return _report(options, writer, plan, scanned.skipped, started, stored, None)
         with writer.next_generation(plan.stale, replace=not stored) as pending:
+            restored = writer.chunk_ids() if lost else []  # the chunks that survive the removals
+            if lost:
+                pending.restore(restored, reembed(writer, strategy, restored))
             embedded = _embed_documents(plan.to_embed, chunker, strategy, pending, options.progress)
+            embedded.restored = len(restored)
             meta = {
                 **settings,
                 "strategy_reason": reason,
@@ -231,10 +242,18 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
                 "dtype": str(runtime.dtype).removeprefix("torch."),
                 "ragidx_version": __version__,
             }
-            committed = pending.commit(meta, vector_index=vector_index)
+            committed = pending.commit(meta, vector_index=vector_index, fresh_vectors=lost)
         tuning = _tune(options, writer, strategy, fresh=not stored)
         skipped = scanned.skipped + embedded.skipped
         return _report(options, writer, plan, skipped, started, meta, committed, embedded, tuning)
+
+
+def _inherited_settings(options: BuildOptions, previous: dict[str, Any]) -> dict[str, Any]:
+    """The index's settings that a build starts from: all of them, also for ``--rebuild``, unless
+    the build names another model (whose layers, templates and token counts differ)."""
+    if options.model and canonical_model_id(options.model) != previous.get("model"):
+        return {}
+    return previous
 
 
 def _tune(options: BuildOptions, writer: IndexWriter, strategy: Any, fresh: bool) -> TuningReport | None:
@@ -261,8 +280,6 @@ def _dtype(options: BuildOptions, stored: dict[str, Any]) -> str:
 
 def _changes_settings(options: BuildOptions, stored: dict[str, Any]) -> bool:
     """Whether the options name anything that needs the model to compare with the index's settings."""
-    from ragidx.indexer.models import canonical_model_id
-
     if options.model and canonical_model_id(options.model) != stored.get("model"):
         return True
     if options.strategy and options.strategy not in (stored.get("strategy"), "auto"):
@@ -289,7 +306,7 @@ def _choose_strategy(
     from ragidx.indexer.strategies import default_strategy_name
 
     if options.strategy == "auto":
-        if str(stored.get("strategy_reason", "")).startswith("auto"):
+        if not options.rebuild and str(stored.get("strategy_reason", "")).startswith("auto"):
             return stored["strategy"], stored["strategy_reason"]
         counts = [len(runtime.tokenizer(text)["input_ids"]) for text in _texts(documents)]
         return choose_strategy(counts)
@@ -372,6 +389,7 @@ def _report(
         vector_index_rebuilt=committed.rebuilt if committed else "",
         tuning=tuning,
         fusion=writer.meta.get("fusion"),
+        restored=embedded.restored if embedded else 0,
     )
 
 
@@ -417,6 +435,7 @@ class Embedded:
     truncated: int = 0
     seconds: float = 0.0
     skipped: list[SkippedFile] = field(default_factory=list)
+    restored: int = 0  # chunks already indexed whose lost vectors were re-embedded
 
 
 def _embed_documents(
@@ -427,14 +446,11 @@ def _embed_documents(
 
     A file that became unreadable since the scan is skipped and reported.
     """
-    from tqdm import tqdm
-
     embedded = Embedded()
     started = time.perf_counter()
     group: list[DocumentRecord] = []
     fed = 0  # templated tokens through the model, for the rate shown
-    hidden = None if progress else True  # None: tqdm hides the bar itself when stderr is no terminal
-    with tqdm(total=len(documents), desc="embedding", unit="doc", disable=hidden, file=sys.stderr) as bar:
+    with progress_bar(len(documents), "embedding", "documents", progress) as bar:
 
         def advance(rows: int, batch_tokens: int) -> None:
             nonlocal fed

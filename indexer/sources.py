@@ -79,8 +79,11 @@ class SourceDocument:
 
 @dataclass(frozen=True)
 class SkippedFile:
+    """A file, or a whole folder (``folder``), left out of this scan and why."""
+
     path: str
     reason: str
+    folder: bool = False
 
 
 @dataclass
@@ -97,11 +100,14 @@ def scan(paths: Sequence[str | Path], exclude: Path | None = None, keep_text: bo
     """
     result = ScanResult()
     seen: set[str] = set()
-    for file in _walk(paths, exclude):
-        key = str(file.absolute())
-        if key in seen:
+    for found in _walk(paths, exclude):
+        if isinstance(found, SkippedFile):
+            result.skipped.append(found)
             continue
-        seen.add(key)
+        file = Path(normal_path(found))
+        if str(file) in seen:
+            continue
+        seen.add(str(file))
         outcome = read_document(file)
         if isinstance(outcome, SkippedFile):
             result.skipped.append(outcome)
@@ -110,9 +116,28 @@ def scan(paths: Sequence[str | Path], exclude: Path | None = None, keep_text: bo
     return result
 
 
-def _walk(paths: Sequence[str | Path], exclude: Path | None) -> Iterator[Path]:
-    """Named files as given; directories recursively, skipping hidden entries and ``exclude``."""
+def normal_path(path: str | Path) -> str:
+    """The one spelling of a path the index stores: absolute, ``.``/``..`` and symlinked folders
+    resolved, so ``docs/./a/../a`` and a link to ``docs`` name the same documents. A file's own
+    name is kept (a linked file is indexed where it appears, not where it points)."""
+    absolute = Path(os.path.abspath(path))
+    if absolute.is_dir() or absolute.parent == absolute:
+        return os.path.realpath(absolute)
+    return str(Path(os.path.realpath(absolute.parent)) / absolute.name)
+
+
+def _walk(paths: Sequence[str | Path], exclude: Path | None) -> Iterator[Path | SkippedFile]:
+    """Named files as given; directories recursively, skipping hidden entries and ``exclude``.
+
+    A folder that cannot be listed is yielded as skipped, so its indexed documents are kept.
+    """
     excluded = exclude.resolve() if exclude else None
+    unlistable: list[SkippedFile] = []
+
+    def report(error: OSError) -> None:
+        folder = normal_path(error.filename)
+        unlistable.append(SkippedFile(folder, f"unreadable folder: {error.strerror or error}", folder=True))
+
     for given in paths:
         path = Path(given)
         if path.is_symlink() and not path.exists():
@@ -123,29 +148,33 @@ def _walk(paths: Sequence[str | Path], exclude: Path | None) -> Iterator[Path]:
         if not path.is_dir():
             yield path
             continue
-        for root, dirs, files in os.walk(path):
+        for root, dirs, files in os.walk(path, onerror=report):
+            yield from unlistable
+            unlistable.clear()
             root_path = Path(root)
             dirs[:] = sorted(
                 d for d in dirs if not d.startswith(".") and (root_path / d).resolve() != excluded
             )
             yield from (root_path / name for name in sorted(files) if not name.startswith("."))
+        yield from unlistable
+        unlistable.clear()
 
 
 def read_document(path: Path) -> SourceDocument | SkippedFile:
     """Decode and extract one file's text."""
     kind = READERS.get(path.suffix.lower())
     if kind is None:
-        return SkippedFile(str(path), f"unsupported file type '{path.suffix or path.name}'")
+        return SkippedFile(normal_path(path), f"unsupported file type '{path.suffix or path.name}'")
     try:
         data = path.read_bytes()
         stat = path.stat()
     except OSError as error:
-        return SkippedFile(str(path), f"unreadable: {error.strerror or error}")
+        return SkippedFile(normal_path(path), f"unreadable: {error.strerror or error}")
     if not data.strip():
-        return SkippedFile(str(path), "empty file")
+        return SkippedFile(normal_path(path), "empty file")
     text = decode_text(data)
     if text is None:
-        return SkippedFile(str(path), "binary content")
+        return SkippedFile(normal_path(path), "binary content")
     metadata: dict[str, Any] = {}
     if kind == "html":
         text, metadata = html_to_text(text)
@@ -153,9 +182,9 @@ def read_document(path: Path) -> SourceDocument | SkippedFile:
         text, metadata = split_front_matter(text)
     title = metadata.get("title")
     if not text.strip():
-        return SkippedFile(str(path), "no text")
+        return SkippedFile(normal_path(path), "no text")
     return SourceDocument(
-        path=str(path.absolute()),
+        path=normal_path(path),
         text=text,
         content_hash=hashlib.sha256(data).hexdigest(),
         size=len(data),

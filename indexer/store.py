@@ -21,26 +21,43 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
+from ragidx.indexer.lexical import (
+    CJK_TABLE,
+    add_cjk_rows,
+    create_cjk_table,
+    match_expression,
+    remove_cjk_rows,
+)
 from ragidx.indexer.vector_index import VectorIndex, VectorIndexSettings, update
 
 if TYPE_CHECKING:
+    from sqlite_utils import Database
+
     from ragidx.indexer.chunking import Chunk
     from ragidx.indexer.filters import Filters
     from ragidx.indexer.sources import SourceDocument
-    from sqlite_utils import Database
 
 SCHEMA_VERSION = 1
 DB_NAME = "ragidx.db"
 LOCK_NAME = "build.lock"
 DEFAULT_INDEX_DIR = ".ragidx"
-FTS_WORD = re.compile(r"\w+")
+GENERATION_FILE = re.compile(r"vectors-(\d+)\.faiss(?:\.partial)?")
 
 
 def default_index_dir() -> Path:
     """``$RAGIDX_INDEX`` or ``./.ragidx``."""
     return Path(os.environ.get("RAGIDX_INDEX") or DEFAULT_INDEX_DIR)
+
+
+def no_index(directory: Path) -> RagidxError:
+    """The one error for a folder holding no committed index (none yet, or a first build running)."""
+    return RagidxError(
+        f"no index at {directory}: no build has completed there "
+        "(run `ragidx build PATH` first, or pass --index DIR)"
+    )
 
 
 def vectors_file(directory: Path, generation: int) -> Path:
@@ -112,6 +129,7 @@ def _create_schema(db: Database) -> None:
     db["tombstones"].create({"chunk_id": int}, pk="chunk_id", if_not_exists=True)
     if not db["chunks_fts"].exists():
         db["chunks"].enable_fts(["text"], create_triggers=True, tokenize="porter")
+    create_cjk_table(db)
 
 
 def _counts(db: Database) -> dict[str, int]:
@@ -132,6 +150,12 @@ def _read_vectors(directory: Path, db: Database, meta: dict[str, Any]) -> Vector
 
     index = faiss.read_index(str(vectors_file(directory, meta["generation"])))
     return VectorIndex(index, VectorIndexSettings.from_meta(meta), _read_tombstones(db))
+
+
+def _newer_vector_files(directory: Path, generation: int) -> list[Path]:
+    """Vector files (complete or being written) of generations after ``generation``."""
+    found = (GENERATION_FILE.fullmatch(p.name) for p in directory.glob("vectors-*.faiss*"))
+    return [directory / m.group(0) for m in found if m and int(m.group(1)) > generation]
 
 
 def read_meta(db: Database) -> dict[str, Any]:
@@ -156,16 +180,14 @@ class IndexReader:
         self.directory = Path(directory)
         path = self.directory / DB_NAME
         if not path.is_file():
-            raise RagidxError(
-                f"no index at {self.directory} (run `ragidx build PATH` first, or pass --index DIR)"
-            )
+            raise no_index(self.directory)
         try:
             self.db = _connect(path)
             self.meta = read_meta(self.db)
         except sqlite3.DatabaseError as error:
             raise RagidxError(f"index database {path} is unreadable: {error}") from error
         if not self.meta.get("generation"):
-            raise RagidxError(f"index at {self.directory} is empty: no build has completed")
+            raise no_index(self.directory)
         if self.meta.get("schema_version") != SCHEMA_VERSION:
             raise RagidxError(
                 f"index at {self.directory} has schema {self.meta.get('schema_version')}, this ragidx reads "
@@ -185,12 +207,16 @@ class IndexReader:
     def load_vectors(self) -> VectorIndex | None:
         """The vector index of ``meta["generation"]``, or None when a newer build already replaced
         (and deleted) that file: take a new :meth:`snapshot` and read the new generation."""
-        path = vectors_file(self.directory, self.meta["generation"])
+        generation = int(self.meta["generation"])
+        path = vectors_file(self.directory, generation)
         try:
             return _read_vectors(self.directory, self.db, self.meta)
         except RuntimeError as error:
             if path.exists():
                 raise RagidxError(f"vector file {path} is unreadable: {error}".splitlines()[0]) from error
+        if not _newer_vector_files(self.directory, generation):
+            # A file is deleted only after a newer one is committed: this one was lost, not replaced.
+            raise RagidxError(f"vector file {path} is missing: run `ragidx check --repair` to re-embed it")
         return None
 
     def chunk_rows(self, chunk_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
@@ -230,14 +256,14 @@ class IndexReader:
         """Chunk ids and BM25 scores (higher is better) from the FTS5 table, best first.
 
         The query's words are each quoted, so FTS5 syntax in user text (quotes, ``*``, ``-``,
-        ``NEAR``, parentheses) is matched as plain words and never raises; words are OR-ed, as
-        BM25 ranking expects, rather than all required. Filters restrict the match itself, so
-        ``limit`` matching chunks come back whenever that many exist.
+        ``NEAR``, parentheses) is matched as plain words and never raises; content words are
+        OR-ed, as BM25 ranking expects (see :func:`match_expression`). Filters restrict the match
+        itself, so ``limit`` matching chunks come back whenever that many exist.
         """
-        words = FTS_WORD.findall(query)
-        if not words:
+        found = match_expression(query)
+        if found is None or not self.db[found[0]].exists():  # an index not written since CJK support
             return []
-        match = " OR ".join(f'"{word}"' for word in dict.fromkeys(w.lower() for w in words))
+        table, match = found
         restriction, params = "", []
         if filters:
             condition, params = filters.document_condition()
@@ -246,8 +272,8 @@ class IndexReader:
                 f"where {condition})"
             )
         rows = self.db.execute(
-            f"select rowid, bm25(chunks_fts) from chunks_fts where chunks_fts match ?{restriction} "
-            "order by bm25(chunks_fts), rowid limit ?",
+            f"select rowid, bm25({table}) from {table} where {table} match ?{restriction} "
+            f"order by bm25({table}), rowid limit ?",
             [match, *params, int(limit)],
         ).fetchall()
         return [(int(rowid), -float(rank)) for rowid, rank in rows]
@@ -273,7 +299,10 @@ class IndexWriter:
     def __init__(self, directory: str | Path, clean_stale: bool = True):
         """``clean_stale=False`` leaves crashed builds' leftovers in place (for ``check`` to report)."""
         self.directory = Path(directory)
+        self.meta: dict[str, Any] = {}
+        self._created = [p for p in (self.directory, *self.directory.parents) if not p.exists()]
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._new_files = [p for p in self._files() if not p.exists()]
         self._lock_file = open(self.directory / LOCK_NAME, "w")  # noqa: SIM115 - held until close()
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -301,9 +330,26 @@ class IndexWriter:
         self.close()
 
     def close(self) -> None:
+        """Release the index; a first build that committed nothing leaves no files behind."""
         with contextlib.suppress(Exception):
             self.db.close()
+        if not self.meta.get("generation"):
+            for path in self._new_files:
+                path.unlink(missing_ok=True)
+            for folder in self._created:  # innermost first; only the ones this writer made
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
         self._lock_file.close()
+
+    def _files(self) -> list[Path]:
+        """What a writer may create in its folder: the lock and the database with its WAL files."""
+        db = self.directory / DB_NAME
+        return [
+            self.directory / LOCK_NAME,
+            db,
+            db.with_name(DB_NAME + "-wal"),
+            db.with_name(DB_NAME + "-shm"),
+        ]
 
     def counts(self) -> dict[str, int]:
         return _counts(self.db)
@@ -373,14 +419,41 @@ class IndexWriter:
     def current_vectors(self) -> VectorIndex | None:
         if not self.meta.get("generation"):
             return None
+        path = vectors_file(self.directory, self.meta["generation"])
+        if not path.exists():
+            raise RagidxError(f"vector file {path} is missing; run `ragidx check --repair` to re-embed it")
         try:
             return _read_vectors(self.directory, self.db, self.meta)
         except RuntimeError as error:
-            path = vectors_file(self.directory, self.meta["generation"])
             raise RagidxError(
                 f"vector file {path} is unreadable ({str(error).splitlines()[0]}); "
-                "run `ragidx check --repair` or build with --rebuild"
+                "run `ragidx check --repair` to re-embed it"
             ) from error
+
+    def vectors_lost(self) -> bool:
+        """Whether the committed generation's vector file is gone (a cheap test, for every build)."""
+        return (
+            bool(self.meta.get("generation"))
+            and not vectors_file(self.directory, self.meta["generation"]).exists()
+        )
+
+    def stored_chunks(self, chunk_ids: Sequence[int]) -> tuple[list[str], list[list[tuple[int, int]]]]:
+        """The text of chunks and their sentence spans relative to the chunk: what embedding took."""
+        rows: dict[int, tuple[str, int, str]] = {}
+        for batch in in_batches([int(i) for i in chunk_ids]):
+            marks = ",".join("?" for _ in batch)
+            sql = f"select id, text, char_start, sentences from chunks where id in ({marks})"
+            rows.update((row[0], row[1:]) for row in self.db.execute(sql, batch))
+        texts, spans = [], []
+        for chunk_id in chunk_ids:
+            text, start, sentences = rows[int(chunk_id)]
+            texts.append(text)
+            spans.append([(a - start, b - start) for a, b in json.loads(sentences or "[]")])
+        return texts, spans
+
+    def chunk_ids(self) -> np.ndarray:
+        rows = self.db.execute("select id from chunks order by id").fetchall()
+        return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
 
     def _remove_stale_vector_files(self, keep: int) -> None:
         """Delete every generation file but ``keep``: older generations and leftovers of crashed builds."""
@@ -398,15 +471,19 @@ class NextGeneration:
         self.db = writer.db
         self.replace = replace
         self.removed_chunks = writer._chunk_ids_of(removed)  # read before their rows go
-        self.first_id = self.next_id = int(writer.meta.get("next_chunk_id", 1))
+        self.next_id = int(writer.meta.get("next_chunk_id", 1))
         self.vectors: list[np.ndarray] = []
+        self.ids: list[np.ndarray] = []
         self.now = time.time()
         self.db.begin()
         if replace:
             self.db.execute("delete from chunks")
             self.db.execute("delete from documents")
+            self.db.execute(f"insert into {CJK_TABLE} ({CJK_TABLE}) values ('delete-all')")
         for batch in in_batches(list(removed)):
             marks = ",".join("?" for _ in batch)
+            old = self.db.execute(f"select id, text from chunks where document_id in ({marks})", batch)
+            remove_cjk_rows(self.db, old.fetchall())
             self.db.execute(f"delete from chunks where document_id in ({marks})", batch)
             self.db.execute(f"delete from documents where id in ({marks})", batch)
 
@@ -421,9 +498,21 @@ class NextGeneration:
             self.db["chunks"].insert_all(
                 _chunk_row(chunk, document_id, first + offset) for offset, chunk in enumerate(record.chunks)
             )
+            add_cjk_rows(
+                self.db, ((first + offset, chunk.text) for offset, chunk in enumerate(record.chunks))
+            )
             self.next_id += len(record.chunks)
         if n_chunks:
             self.vectors.append(np.asarray(vectors, dtype=np.float32))
+            self.ids.append(np.arange(self.next_id - n_chunks, self.next_id, dtype=np.int64))
+
+    def restore(self, chunk_ids: np.ndarray, vectors: np.ndarray) -> None:
+        """Give chunks already in the index (whose vectors were lost or damaged) new ``vectors``."""
+        if len(chunk_ids) != vectors.shape[0]:
+            raise ValueError(f"{vectors.shape[0]} vectors for {len(chunk_ids)} chunks")
+        if len(chunk_ids):
+            self.vectors.append(np.asarray(vectors, dtype=np.float32))
+            self.ids.append(np.asarray(chunk_ids, dtype=np.int64))
 
     def commit(
         self,
@@ -452,8 +541,8 @@ class NextGeneration:
             if self.vectors
             else np.zeros((0, int(meta.get("dimension") or 0)), np.float32)
         )
-        self.vectors = []
-        ids = np.arange(self.first_id, self.next_id, dtype=np.int64)
+        ids = np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
+        self.vectors, self.ids = [], []
         updated = update(current, requested, added, ids, removed)
         del added
         writer._write_vectors(generation, updated.vectors)

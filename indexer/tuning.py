@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from ragidx.indexer.fusion import Fusion
+from ragidx.indexer.lexical import rewrite_chunk_text
 
 if TYPE_CHECKING:
     from ragidx.app.retriever import Index
@@ -279,7 +281,7 @@ def _remainder_in_full_text(index: Index, query: PseudoQuery) -> Iterator[None]:
     db = index.reader.db
     db.execute("begin")
     try:
-        db.execute("update chunks set text = ? where id = ?", [query.remainder, query.chunk_id])
+        rewrite_chunk_text(db, query.chunk_id, query.remainder)
         yield
     finally:
         db.execute("rollback")

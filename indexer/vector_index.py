@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
@@ -302,6 +303,8 @@ def update(
     total = current.live_count + len(new_ids)
     settings = _sized(requested, total, current.index.d, current.settings)
     reason = _rebuild_reason(current, settings, total)
+    if np.intersect1d(new_ids, current.tombstones).size:  # a repair re-embedding damaged vectors
+        reason = "re-embedded vectors replace deleted ones in the HNSW graph"
     if not reason:
         add(current.index, new_vectors, new_ids)
         current.settings = settings

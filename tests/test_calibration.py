@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from ragidx.indexer.calibration import (
     calibrate,
     calibrate_and_cache,

@@ -6,6 +6,7 @@ import itertools
 import re
 
 import pytest
+
 from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.sources import scan
@@ -78,3 +79,17 @@ def test_bad_settings_are_refused(runtimes):
         Chunker(runtimes["qwen2"].tokenizer, chunk_tokens=2)
     with pytest.raises(RagidxError, match="not installed"):
         Chunker(runtimes["qwen2"].tokenizer, spacy_model="xx_no_such_pipeline")
+
+
+def test_an_over_long_sentence_is_cut_between_words(runtimes):
+    tokenizer = runtimes["qwen2"].tokenizer
+    words = ["lighthousekeeping", "extraordinarily", "photosynthesising", "counterbalanced", "tides"] * 60
+    text = " ".join(words)  # one sentence, no full stop, far over the budget
+    assert len(tokenizer(words[0], add_special_tokens=False)["input_ids"]) > 1  # words span tokens
+    chunker = Chunker(tokenizer, chunk_tokens=20, overlap_sentences=0)
+    pieces = [text[s:e] for s, e in chunker.sentences(text)]
+    assert len(pieces) > 10
+    assert " ".join(pieces).split() == words  # every word whole, in order, none lost
+    assert max(chunker.count_tokens(pieces)) <= 20
+    one_word = "x" * 400  # a single word over the budget is still cut, inside the word
+    assert "".join(text for text in (one_word[s:e] for s, e in chunker.sentences(one_word))) == one_word

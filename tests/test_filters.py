@@ -7,6 +7,7 @@ import json
 import sqlite3
 
 import pytest
+
 from ragidx.app import Index
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.filters import Filters
@@ -85,7 +86,7 @@ def test_metadata_comes_from_front_matter_and_html_meta(index):
 
 @pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
 def test_a_filtered_search_is_the_unfiltered_ranking_restricted(index, mode):
-    query = "how do I return my bicycle and get a refund"
+    query = "how do I return my bicycle and get a refund, or bake sourdough at high tide"
     allowed = set(expected_ids(index, lambda r: "/notes/" in r["path"]))
     hits = index.search(query, k=3, mode=mode, filters={"path": "notes/*"})
     assert len(hits) == 3 and all("/notes/" in h.path for h in hits)

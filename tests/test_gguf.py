@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cli import assert_one_line_error, ragidx
+
 from ragidx.indexer import models
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.models import GgufFile, ModelSource, PackagedModel, canonical_model_id, resolve_model
-from test_cli import assert_one_line_error, ragidx
 
 
 def write_gguf(path: Path, architecture: str = "llama", dtype: type = np.float32) -> Path:

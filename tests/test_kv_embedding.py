@@ -8,12 +8,13 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from tiny_models import DECODERS, save_tiny_model
+
 from ragidx.indexer.runtime import ModelRuntime
 from ragidx.indexer.strategies import create_strategy
 from ragidx.indexer.strategies.base import render
 from ragidx.indexer.strategies.kv_embedding import KV_DOCUMENT_TEMPLATE, KV_QUERY_TEMPLATE
 from ragidx.indexer.strategies.kv_rerouting import REROUTING_ATTRIBUTE
-from tiny_models import DECODERS, save_tiny_model
 
 TEXTS = [
     "Tides rise twice a day.",
@@ -25,8 +26,9 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def mha_llama(tmp_path_factory, tiny_models):
     """A Llama with as many KV heads as query heads (plain multi-head attention), loaded by ragidx."""
-    from ragidx.indexer.runtime import load_runtime
     from tiny_models import train_tokenizer
+
+    from ragidx.indexer.runtime import load_runtime
 
     folder = tmp_path_factory.mktemp("mha") / "llama"
     save_tiny_model("llama", folder, train_tokenizer(), seed=3, overrides={"num_key_value_heads": 4})
@@ -224,9 +226,10 @@ def test_the_model_is_restored_for_other_strategies(runtimes):
 
 
 def test_layer_set_sources(runtimes):
+    from transformers import Qwen3Config
+
     from ragidx.indexer.strategies.kv_embedding import PAPER_LAYER_SETS
     from ragidx.indexer.strategies.paper_models import paper_layers
-    from transformers import Qwen3Config
 
     qwen3_4b = Qwen3Config(hidden_size=2560, num_hidden_layers=36, intermediate_size=9728)
     assert paper_layers(qwen3_4b, PAPER_LAYER_SETS) == (list(range(12, 22)), "paper (Qwen3-4B)")

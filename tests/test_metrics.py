@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from ragidx.indexer.metrics import (
     average_ranks,
     mean_retrieval_metrics,

@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_strategies import plain_final_states, unit
+from tiny_models import DECODERS
+from transformers import LlamaConfig
+
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies import REGISTRY, create_strategy
 from ragidx.indexer.strategies.base import preprocess_for_prompt
 from ragidx.indexer.strategies.contrastive import default_settings, intervene
 from ragidx.indexer.strategies.paper_models import LLAMA2_7B, LLAMA3_8B
-from test_strategies import plain_final_states, unit
-from tiny_models import DECODERS
-from transformers import LlamaConfig
 
 TEXTS = [
     "A heat pump moves heat instead of making it.",

@@ -1,4 +1,4 @@
-"""The README's Python API example, run as written against a tiny model."""
+"""The README's Python API example, run as written against a tiny model, and what it tells users to run."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_cli import child_env
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -38,3 +39,29 @@ def test_the_python_api_example_runs_as_documented(tmp_path, tiny_models, sample
         "password-reset.html",
     ]
     assert (tmp_path / "my-index" / "ragidx.db").is_file()
+
+
+def test_the_install_commands_never_pull_cuda_wheels_on_a_cpu_machine():
+    install = README.read_text(encoding="utf-8").split("## Install", 1)[1].split("##", 1)[0]
+    torch_lines = [line for line in install.splitlines() if line.startswith("pip install torch")]
+    assert torch_lines and all("download.pytorch.org/whl/cpu" in line for line in torch_lines)
+
+
+def test_lint_does_not_depend_on_the_checkout_folder_name(tmp_path):
+    """ruff decides first-party imports by folder name unless told: a checkout named `ragidx`
+    sorted imports differently from one named anything else."""
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    root = README.parent
+    listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
+    if ruff is None or listed.returncode != 0:
+        pytest.skip("needs ruff and a git checkout")
+    for name in ("ragidx", "checkout"):
+        for relative in listed.stdout.split():
+            if relative.endswith((".py", ".toml")) and Path(root, relative).is_file():
+                target = tmp_path / name / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(root / relative, target)
+        result = subprocess.run(
+            [ruff, "check", "--no-cache", "."], cwd=tmp_path / name, capture_output=True, text=True
+        )
+        assert result.returncode == 0, f"{name}: {result.stdout}"

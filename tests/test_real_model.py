@@ -33,8 +33,9 @@ def model_path() -> Path:
 def independent_ndcg_at_10(model_path: Path) -> float:
     """Plain transformers mean pooling of title + text, exact numpy search, binary-gain nDCG@10."""
     import torch
-    from ragidx.indexer.evaluation import load_beir, subsample
     from transformers import AutoModel, AutoTokenizer
+
+    from ragidx.indexer.evaluation import load_beir, subsample
 
     dataset = subsample(load_beir(SCIFACT, "train"), MAX_DOCS, MAX_QUERIES)
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.runtime import load_runtime, plan_batches, resolve_device, resolve_dtype
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
+
 from ragidx.app import Index
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.fusion import Fusion
@@ -136,7 +138,7 @@ def independent_dense(index: Index, query: str, limit: int = 100) -> list[tuple[
 
 def test_each_mode_matches_an_independent_ranking(index):
     query = "How long does shipping take for a refund?"
-    lexical = independent_lexical(index, ["how", "long", "does", "shipping", "take", "for", "a", "refund"])
+    lexical = independent_lexical(index, ["long", "shipping", "refund"])  # the query's content words
     dense = independent_dense(index, query)
     got = {mode: index.search(query, k=5, mode=mode) for mode in ("dense", "lexical", "hybrid")}
     assert [(h.chunk_id, round(h.score, 4)) for h in got["lexical"]] == [
@@ -161,15 +163,16 @@ def test_each_mode_matches_an_independent_ranking(index):
 @pytest.mark.parametrize("weights", [{"dense": 0.3, "lexical": 0.7}, {"dense": 1.0}, {"lexical": 1.0}])
 def test_given_weights_match_an_independent_fusion(index, weights, method):
     query = "How long does shipping take for a refund?"
-    lexical = independent_lexical(index, ["how", "long", "does", "shipping", "take", "for", "a", "refund"])
+    lexical = independent_lexical(index, ["long", "shipping", "refund"])  # the query's content words
     dense = independent_dense(index, query)
     hits = index.search(query, k=8, weights=weights, fusion=method)
     w_dense, w_lexical = weights.get("dense", 0.0), weights.get("lexical", 0.0)
     fused = independent_fusion(dense, lexical, w_dense, w_lexical, method)[:8]
     assert [h.chunk_id for h in hits] == [i for i, _ in fused]
     assert [h.score for h in hits] == pytest.approx([s for _, s in fused])
-    if weights == {"lexical": 1.0}:
-        assert [h.chunk_id for h in hits] == [h.chunk_id for h in index.search(query, k=8, mode="lexical")]
+    if weights == {"lexical": 1.0}:  # the lexical order, then dense-only hits to fill k
+        lexical_hits = [h.chunk_id for h in index.search(query, k=8, mode="lexical")]
+        assert [h.chunk_id for h in hits][: len(lexical_hits)] == lexical_hits
 
 
 def test_weights_are_refused_outside_hybrid(index):
@@ -201,3 +204,44 @@ def test_bad_mode_and_k_are_refused(index):
         index.search("x", mode="sparse")
     with pytest.raises(RagidxError, match="k must be"):
         index.search("x", k=0)
+
+
+def test_stop_words_do_not_outvote_content_words(index):
+    """An OR of every word let "how", "does" and "take" rank chunks full of them over the answer."""
+    hits = index.search("How long does shipping take", k=3, mode="lexical")
+    assert hits[0].path.endswith("shipping.txt")
+    assert [h.chunk_id for h in hits] == [i for i, _ in independent_lexical(index, ["long", "shipping"])[:3]]
+    only_stop_words = index.search("what is it", k=3, mode="lexical")  # nothing else to go on: kept
+    assert [h.chunk_id for h in only_stop_words] == [
+        i for i, _ in independent_lexical(index, ["what", "is", "it"])[:3]
+    ]
+
+
+CJK_DOCUMENTS = {
+    "tokyo.txt": "日本の首都は東京です。東京には多くの人が住んでいます。",
+    "beijing.txt": "北京是中国的首都。北京有很多名胜古迹。",
+    "seoul.txt": "서울은 대한민국의 수도입니다.",
+    "lisbon.txt": "Lisbon is the capital of Portugal, built on seven hills.",
+}
+
+
+def test_text_written_without_spaces_is_searchable(tmp_path, tiny_models):
+    from ragidx.indexer.maintenance import check, remove
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, text in CJK_DOCUMENTS.items():
+        (docs / name).write_text(text, encoding="utf-8")
+    folder = tmp_path / "index"
+    with Index.build([docs], folder, model=str(tiny_models["qwen2"]), device="cpu", progress=False) as built:
+
+        def found(query: str) -> list[str]:
+            return [Path(h.path).name for h in built.search(query, k=5, mode="lexical")]
+
+        assert set(found("首都")) == {"tokyo.txt", "beijing.txt"}  # two characters, inside longer runs
+        assert found("東京") == ["tokyo.txt"] and found("北京 名胜") == ["beijing.txt"]
+        assert found("수도") == ["seoul.txt"] and found("capital") == ["lisbon.txt"]
+        assert found("京都") == []  # the characters of 東京都 apart do not make the word
+        remove([docs / "tokyo.txt"], folder)
+        assert found("首都") == ["beijing.txt"]
+    assert check(folder).healthy

@@ -19,6 +19,7 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from fastapi.testclient import TestClient  # noqa: E402
+
 from ragidx.app import Index  # noqa: E402
 from ragidx.app.server import create_app  # noqa: E402
 
@@ -126,6 +127,88 @@ def test_invalid_requests_get_422_with_a_message(client, path, body, message):
         return
     assert response.status_code == 422
     assert response.json()["detail"].startswith(message) or message in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"query": "x", "min_score": NaN}', "min_score: Input should be a finite number"),
+        (b'{"query": "x", "min_score": 1e400}', "min_score: Input should be a finite number"),
+        (b'{"query": "x", "k": 1e400}', "k: Input should be a finite number"),
+        (b'{"query": "x", "weights": {"dense": Infinity}}', "weights.dense: Input should be a finite"),
+        (b'{"query": "x", "filters": {"meta": {"year": NaN}}}', "filters.meta.year"),
+        (b'{"query": "\\ud800 tides"}', "query: "),
+        (b'{"texts": ["ok", "\\udfff"]}', "texts.1: "),
+        (b'{"query": "x", "filters": {"meta": {"\\ud800": "v"}}}', "filters.meta."),
+        (b'{"query": "x", "filters": {"path": ["\\ud800"]}}', "filters.path.0: "),
+        (b'{"query": "x", "filters": {"ext": "\\ud800"}}', "filters.ext.0: "),
+    ],
+)
+def test_numbers_and_text_json_carries_but_no_index_can_use_get_422(client, raw, message):
+    path = "/embed" if b"texts" in raw else "/search"
+    response = client.post(path, content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith(message) and ("finite" in detail or "valid" in detail), detail
+
+
+def test_filters_past_what_sqlite_takes_get_422(client):
+    for filters in (
+        {"path": [f"dir{i}/*" for i in range(5000)]},
+        {"meta": {"tag": [f"t{i}" for i in range(5000)]}},
+        {"meta": {f"key{i}": "v" for i in range(500)}},
+    ):
+        response = client.post("/search", json={"query": "tides", "filters": filters})
+        assert response.status_code == 422 and "at most 100 are allowed" in response.json()["detail"]
+
+
+def test_bodies_are_bounded_and_never_echoed(index):
+    client = TestClient(create_app(index, max_body_bytes=100_000))
+    big = client.post("/search", json={"query": "tides " * 50_000})
+    assert big.status_code == 413 and big.json() == {"detail": "request body larger than 100000 bytes"}
+
+    def chunks():  # no Content-Length: the bound holds on the bytes as they arrive
+        yield b'{"query": "'
+        for _ in range(1000):
+            yield b"tides " * 100
+        yield b'"}'
+
+    streamed = client.post("/search", content=chunks(), headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413
+    long_query = client.post(
+        "/search", json={"query": "x" * 30_000}
+    )  # under the body bound, over the field's
+    assert long_query.status_code == 422 and len(long_query.content) < 1000
+    assert client.post("/search", json={"query": "tides", "k": 2}).status_code == 200
+
+
+def test_concurrent_searches_share_forward_passes(index):
+    """Queued searches are embedded together: fewer forwards than requests, same answers."""
+    queries = ["ships and rocks", "compost heap", "espresso grind", "tides and the moon"] * 6
+    expected = {q: search_result(index, q, k=3) for q in set(queries)}
+    forwards = []
+    original = index.embed
+
+    def counting(texts, role="query"):
+        forwards.append(len(texts))
+        return original(texts, role)
+
+    index.embed = counting
+    try:
+        app = create_app(index)
+
+        async def fire() -> list:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+                return await asyncio.gather(
+                    *(http.post("/search", json={"query": q, "k": 3}) for q in queries)
+                )
+
+        responses = asyncio.run(fire())
+    finally:
+        del index.embed
+    assert [response_result(r) for r in responses] == [expected[q] for q in queries]
+    assert sum(forwards) == len(queries) and len(forwards) < len(queries) / 2, forwards
 
 
 def test_a_body_that_is_not_json_is_422(client):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.sources import decode_text, html_to_text, read_document, scan, split_front_matter
 

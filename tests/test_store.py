@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from ragidx.indexer import store
 from ragidx.indexer.chunking import Chunk
 from ragidx.indexer.errors import RagidxError
@@ -77,9 +78,14 @@ def test_one_writer_at_a_time(tmp_path):
 def test_readers_explain_missing_empty_and_corrupt_indexes(tmp_path):
     with pytest.raises(RagidxError, match="no index at"):
         IndexReader(tmp_path / "none")
+    IndexWriter(tmp_path / "never" / "built").close()  # a first build that failed: no litter
+    assert not (tmp_path / "never").exists()
+    (tmp_path / "empty").mkdir()
     IndexWriter(tmp_path / "empty").close()
-    with pytest.raises(RagidxError, match="empty: no build has completed"):
-        IndexReader(tmp_path / "empty")
+    assert list((tmp_path / "empty").iterdir()) == []  # a folder that was there stays
+    first_build = IndexWriter(tmp_path / "running")
+    with first_build, pytest.raises(RagidxError, match=r"no index at .*: no build has completed"):
+        IndexReader(tmp_path / "running")  # a first build still writing: the same story
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "ragidx.db").write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(RagidxError, match="unreadable"):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny_models import DECODERS
+
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies import REGISTRY, create_strategy
 from ragidx.indexer.strategies.base import preprocess_for_prompt
-from tiny_models import DECODERS
 
 TEXTS = [
     "A heat pump moves heat instead of making it.",

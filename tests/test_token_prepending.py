@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_models import DECODERS, save_tiny_model, train_tokenizer
+
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.runtime import load_runtime
 from ragidx.indexer.strategies import create_strategy
 from ragidx.indexer.strategies.token_prepending import default_window
-from tiny_models import DECODERS, save_tiny_model, train_tokenizer
 
 SENTENCES = [
     "The lighthouse stood on the rock.",

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import DECODERS
+from transformers import LlamaConfig, Qwen3Config
+
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies import create_strategy
 from ragidx.indexer.strategies.base import preprocess_for_prompt
 from ragidx.indexer.strategies.layers import parse_layers
 from ragidx.indexer.strategies.value_aggregation import default_layer_set
-from tiny_models import DECODERS
-from transformers import LlamaConfig, Qwen3Config
 
 TEXTS = [
     "A heat pump moves heat instead of making it.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from ragidx.indexer import vector_index
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.vector_index import VectorIndexSettings, stored_ids, update

@@ -73,6 +73,20 @@ def strategy_from_index(name: str, runtime: ModelRuntime, stored: dict[str, Any]
     return create_strategy(name, runtime, **{**strategy_class(name).upgrade_params(stored), **given})
 
 
+def load_index_strategy(
+    meta: dict[str, Any], device: str = "auto", dtype: str | None = None, trust_remote_code: bool = False
+) -> Strategy:
+    """The model and strategy an index was built with, loaded; a changed GGUF file is refused."""
+    from ragidx.indexer.models import check_same_file, resolve_model
+    from ragidx.indexer.runtime import load_runtime
+
+    source = resolve_model(meta["model"])
+    check_same_file(source, meta.get("model_file"))
+    allowed = bfloat16_ok([meta["strategy"]])
+    runtime = load_runtime(source, device, dtype or meta.get("dtype", "auto"), trust_remote_code, allowed)
+    return strategy_from_index(meta["strategy"], runtime, meta["strategy_params"])
+
+
 def create_strategy(name: str, runtime: ModelRuntime, **params: Any) -> Strategy:
     """Build a strategy from its name and stored or user-given parameters.
 

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
+
 from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
     import torch
+
     from ragidx.indexer.chunking import Span
     from ragidx.indexer.runtime import Batch, ModelRuntime
 

@@ -24,6 +24,7 @@ from ragidx.indexer.strategies.prompts import NORMAL_PROMPTS
 
 if TYPE_CHECKING:
     import torch
+
     from ragidx.indexer.chunking import Span
     from ragidx.indexer.runtime import Batch, ModelRuntime
 

@@ -16,6 +16,7 @@ from ragidx.indexer.strategies.token_templates import tokenize_template
 
 if TYPE_CHECKING:
     import torch
+
     from ragidx.indexer.chunking import Span
     from ragidx.indexer.runtime import Batch, ModelRuntime
 

@@ -20,8 +20,9 @@ from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
     import torch
-    from ragidx.indexer.runtime import ModelRuntime
     from torch import nn
+
+    from ragidx.indexer.runtime import ModelRuntime
 
 BASE_IMPLEMENTATIONS = ("sdpa", "eager")
 WRAPPER_PREFIX = "ragidx-kv-reroute-"

@@ -15,6 +15,7 @@ from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
     import torch
+
     from ragidx.indexer.runtime import ModelRuntime
 
 SUMMARY_TOKEN = "<PST>"

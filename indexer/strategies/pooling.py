@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import torch
+
     from ragidx.indexer.runtime import Batch
     from ragidx.indexer.strategies.base import PooledText
 

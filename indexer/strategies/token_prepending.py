@@ -34,9 +34,10 @@ from ragidx.indexer.strategies.token_templates import TokenTemplate, tokenize_te
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
+
     from ragidx.indexer.chunking import Chunker, Span
     from ragidx.indexer.runtime import Batch, ModelRuntime
-    from torch import nn
 
 RETRIEVAL_QUERY_TEMPLATE = "Retrieve relevant document. Text:{text}"
 PAPER_REWIRE_STOP = {32: 7}  # the HTP code's window for 32-layer models (Mistral-7B)

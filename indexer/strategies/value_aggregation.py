@@ -22,8 +22,9 @@ from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
 
 if TYPE_CHECKING:
     import torch
-    from ragidx.indexer.runtime import Batch, ModelRuntime
     from torch import nn
+
+    from ragidx.indexer.runtime import Batch, ModelRuntime
 
 FUTUREEOL_TEMPLATE = "Forecasting the subsequent tokens {text} in one word:"
 PROMPTS = {"futureeol": FUTUREEOL_TEMPLATE, "prompteol": PROMPTEOL_TEMPLATE, "none": TEXT_SLOT}

@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dtype import qwen2_05b_shaped
-from ragidx.indexer.bench import PeakRss
 from tiny_models import SAMPLE_CORPUS, save_tiny_model
+
+from ragidx.indexer.bench import PeakRss
 
 MIB = 2**20
 

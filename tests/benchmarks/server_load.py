@@ -1,9 +1,12 @@
 """Load check of `ragidx serve`: N concurrent POST /search requests over real HTTP; prints errors and latency.
 
     python tests/benchmarks/server_load.py --index DIR [--requests 200] [--queries queries.jsonl]
+        [--import-from DIR]
 
 The server is `ragidx serve` in its own process; every request is sent at once, so latency
-includes the wait for the model lock.
+includes the wait for the model lock. One request alone (sequential, warm) is timed first, as
+the floor. ``--import-from DIR`` serves with the ragidx found in ``DIR/ragidx`` (a worktree of
+another commit), to compare two versions on the same index in one run.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
+import os
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -40,12 +44,17 @@ def load_queries(path: Path | None) -> list[str]:
     ]
 
 
-def start_server(index: Path, device: str) -> tuple[subprocess.Popen, str]:
+def start_server(index: Path, device: str, import_from: Path | None) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [shutil.which("ragidx") or "ragidx", "serve", "--index", str(index), "--port", str(port)]
-    server = subprocess.Popen([*command, "--device", device], stderr=subprocess.DEVNULL)
+    ragidx = [str(Path(sys.executable).with_name("ragidx"))]  # the environment running this script
+    env = dict(os.environ)
+    if import_from is not None:
+        ragidx = [sys.executable, "-c", "from ragidx.cli import main; main()"]
+        env["PYTHONPATH"] = str(import_from)
+    command = [*ragidx, "serve", "--index", str(index), "--port", str(port), "--device", device]
+    server = subprocess.Popen(command, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     while True:
         try:
@@ -81,13 +90,18 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--mode", default="hybrid")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--import-from", type=Path, default=None, help="serve DIR/ragidx instead")
     args = parser.parse_args()
 
-    server, url = start_server(args.index, args.device)
+    server, url = start_server(args.index, args.device, args.import_from)
     try:
         info = httpx.get(url + "/info").json()
         queries = load_queries(args.queries)
         asyncio.run(fire(url, queries, 8, args.k, args.mode))  # warm-up
+        alone = [
+            asyncio.run(fire(url, [queries[i % len(queries)]], 1, args.k, args.mode))[0][0] * 1000
+            for i in range(20)
+        ]
         started = time.perf_counter()
         results = asyncio.run(fire(url, queries, args.requests, args.k, args.mode))
         wall = time.perf_counter() - started
@@ -102,7 +116,8 @@ def main() -> None:
         f"{args.requests} concurrent /search ({args.mode}, k={args.k}) on {info['model']} / "
         f"{info['strategy']} ({info['chunks']} chunks): errors {failed} {errors}, "
         f"p50 {statistics.median(latencies):.0f} ms, p95 {p95:.0f} ms, max {latencies[-1]:.0f} ms, "
-        f"wall {wall:.1f} s, {args.requests / wall:.1f} req/s"
+        f"wall {wall:.1f} s, {args.requests / wall:.1f} req/s; "
+        f"one request alone p50 {statistics.median(alone):.0f} ms"
     )
 
 

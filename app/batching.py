@@ -1,0 +1,72 @@
+"""Answer concurrent searches together: one forward pass embeds every query waiting for the model.
+
+The model runs one forward at a time (see :mod:`ragidx.app.server`), so under load requests used
+to queue behind each other, each paying a whole forward for one query. A forward takes many
+queries for little more than the cost of one, so one worker thread takes every search waiting
+(up to ``max_batch``), embeds their queries in one call, and answers each with its own options.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragidx.app.retriever import Hit, Index
+
+MAX_BATCH = 64  # queries per forward: past this, padding and memory grow faster than the gain
+
+
+@dataclass
+class PendingSearch:
+    query: str
+    options: dict[str, Any]  # Index.search's keyword arguments
+    answer: Future[list[Hit]] = field(default_factory=Future)
+
+
+class SearchBatcher:
+    """Runs :meth:`Index.search` for queued requests on one worker thread, holding ``lock`` (the
+    model's) for each batch."""
+
+    def __init__(self, index: Index, lock: threading.Lock, max_batch: int = MAX_BATCH):
+        self.index = index
+        self.lock = lock
+        self.max_batch = max_batch
+        self.pending: queue.SimpleQueue[PendingSearch] = queue.SimpleQueue()
+        self.worker = threading.Thread(target=self._serve, name="ragidx-search", daemon=True)
+        self.worker.start()
+
+    def submit(self, query: str, **options: Any) -> Future[list[Hit]]:
+        """Queue one search; the future holds its hits, or the error it raised."""
+        search = PendingSearch(query, options)
+        self.pending.put(search)
+        return search.answer
+
+    def _serve(self) -> None:
+        while True:
+            batch = [self.pending.get()]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self.pending.get_nowait())
+                except queue.Empty:
+                    break
+            with self.lock:
+                self._answer(batch)
+
+    def _answer(self, batch: list[PendingSearch]) -> None:
+        dense = [search for search in batch if search.options.get("mode", "hybrid") != "lexical"]
+        try:
+            vectors = self.index.embed([search.query for search in dense]) if len(dense) > 1 else None
+        except Exception:  # one bad query must not fail the others: each runs alone below
+            vectors = None
+        rows = {id(search): row for row, search in enumerate(dense)}
+        for search in batch:
+            given = vectors[rows[id(search)]][None] if vectors is not None and id(search) in rows else None
+            try:
+                search.answer.set_result(
+                    self.index.search(search.query, **search.options, query_vector=given)
+                )
+            except Exception as error:  # handed to the request that asked
+                search.answer.set_exception(error)

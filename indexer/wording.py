@@ -1,0 +1,14 @@
+"""Counts in messages, so one thing is never "1 documents"."""
+
+from __future__ import annotations
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1 (regular English plurals: add ``s``)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def excerpt(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters: errors name bad input without echoing it at length."""
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"

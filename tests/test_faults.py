@@ -1,0 +1,186 @@
+"""Faults found by trying ragidx as a fault tester would: unreadable folders, unnormalised paths,
+lost and damaged vectors, failed first builds, closed pipes, silent long builds. Through the
+real CLI in subprocesses."""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import test_lifecycle
+from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
+from test_lifecycle import QUERIES, build, search_all, stored_vectors
+
+built, workspace = (
+    test_lifecycle.built,
+    test_lifecycle.workspace,
+)  # the indexed sample corpus, copied per test
+
+PR_CAPBSET_DROP = 24
+F_SETPIPE_SZ = 1031  # Linux fcntl: a pipe's capacity
+PIPE_BYTES = 4096
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
+
+
+def without_root_powers() -> None:
+    """In a child before exec: drop the capabilities that let root read any folder, so file
+    permissions hold for it as for any user (a no-op for other users, who have none)."""
+    if os.geteuid() == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+            if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def ragidx_powerless(*args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [RAGIDX, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+        preexec_fn=without_root_powers,
+    )
+
+
+def test_a_folder_that_cannot_be_read_keeps_its_documents_and_is_reported(workspace, tiny_models):
+    corpus, index = workspace
+    notes = corpus / "notes"
+    notes.chmod(0)
+    try:
+        probe = subprocess.run(["ls", notes], capture_output=True, preexec_fn=without_root_powers)
+        if probe.returncode == 0:
+            pytest.skip("this machine lets the test's user read a folder with mode 000")
+        result = ragidx_powerless(
+            "build", corpus, "--index", index, "--model", tiny_models["qwen2"], "--json"
+        )
+    finally:
+        notes.chmod(0o755)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["removed"], summary["total_documents"]) == (0, 13)
+    assert summary["skipped"] == [{"path": str(notes), "reason": "unreadable folder: Permission denied"}]
+    readable_again = build(corpus, index, tiny_models["qwen2"])
+    assert (readable_again["unchanged"], readable_again["removed"], readable_again["new"]) == (13, 0, 0)
+
+
+def test_the_same_files_under_another_spelling_or_a_link_are_not_indexed_twice(
+    workspace, tiny_models, tmp_path
+):
+    corpus, index = workspace
+    (tmp_path / "link").symlink_to(corpus)
+    for spelling in (corpus / "." / "faq" / ".." / "faq", tmp_path / "link" / "notes"):
+        summary = build(spelling, index, tiny_models["qwen2"])
+        assert (summary["new"], summary["removed"], summary["total_documents"]) == (0, 0, 13), spelling
+    (corpus / "faq" / "new.md").write_text("# Gift cards\n\nGift cards never expire and can be shared.\n")
+    added = ragidx("build", tmp_path / "link" / "faq" / ".." / "faq", "--index", index).stdout
+    assert added.startswith("1 new, 0 updated, 5 unchanged, 0 removed\nembedded 1 document as 1 chunk (")
+    assert "14 documents" in added and "1 documents" not in added  # counts agree with their nouns
+    hits = json.loads(ragidx("query", "gift cards", "--index", index, "--json").stdout)
+    texts = [hit["text"] for hit in hits]  # a file indexed twice would repeat its chunks
+    assert hits[0]["path"] == str(corpus / "faq" / "new.md") and len(set(texts)) == len(texts)
+    out = ragidx("rm", tmp_path / "link" / "faq" / "new.md", "--index", index).stdout
+    assert "1 document removed" in out
+
+
+def test_a_rebuild_without_model_keeps_the_index_model(workspace, tiny_models):
+    corpus, index = workspace
+    no_default = {"RAGIDX_MODEL": "/no/such/model"}  # where a rebuild used to go
+    summary = json.loads(
+        ragidx("build", corpus, "--index", index, "--rebuild", "--json", env=no_default).stdout
+    )
+    assert summary["model"] == str(tiny_models["qwen2"]) and summary["chunks"] > 0
+    assert summary["strategy"] == "prompteol"
+
+
+def test_lost_and_damaged_vectors_are_found_and_re_embedded(workspace, tiny_models):
+    import faiss
+
+    corpus, index = workspace
+    before, hits = stored_vectors(index), search_all(index, QUERIES)
+    (index / "vectors-1.faiss").unlink()
+    assert_one_line_error(
+        ragidx("query", "tides", "--index", index, check=False),
+        r"vectors-1\.faiss is missing.*check --repair",
+    )
+    found = json.loads(ragidx("check", "--index", index, "--json", check=False).stdout)
+    assert {p["kind"] for p in found["problems"]} == {"vectors", "chunks-without-vectors"}
+    rebuilt = build(corpus, index, tiny_models["qwen2"])  # nothing changed on disk
+    assert rebuilt["restored"] == rebuilt["total_chunks"] == len(before) and rebuilt["unchanged"] == 13
+    assert search_all(index, QUERIES) == hits
+    vectors = faiss.read_index(str(index / "vectors-2.faiss"))
+    first, second = sorted(faiss.vector_to_array(vectors.id_map))[:2]
+    damaged = {first: np.full(vectors.d, np.nan), second: np.full(vectors.d, 0.5)}
+    vectors.remove_ids(faiss.IDSelectorBatch(np.array(list(damaged), dtype=np.int64)))
+    vectors.add_with_ids(np.stack(list(damaged.values())).astype(np.float32), np.array(list(damaged)))
+    faiss.write_index(vectors, str(index / "vectors-2.faiss"))
+    with sqlite3.connect(index / "ragidx.db") as db:
+        db.execute(
+            "update documents set chunk_count = chunk_count + 1 where id = (select min(id) from documents)"
+        )
+    found = ragidx("check", "--index", index, check=False).stdout.splitlines()
+    assert found == [
+        "found: chunk-counts: 1 document with a wrong chunk count",
+        "found: damaged-vectors: 2 vectors not finite or not of unit length",
+        "generation 2: problems remain",
+    ]
+    repaired = ragidx("check", "--repair", "--index", index).stdout
+    assert "repaired: re-embedded: 2 chunks from their stored text" in repaired
+    assert ragidx("check", "--index", index).stdout.strip() == "generation 3: ok"
+    after = stored_vectors(index)
+    for key, (_, vector) in before.items():
+        np.testing.assert_allclose(after[key][1], vector, atol=1e-5)
+    assert search_all(index, QUERIES) == hits
+
+
+def test_a_first_build_that_fails_leaves_nothing_and_one_story(tmp_path, sample_corpus):
+    index = tmp_path / "new" / "index"
+    assert_one_line_error(
+        ragidx("build", sample_corpus, "--model", tmp_path / "no-model", "--index", index, check=False),
+        "model",
+    )
+    assert not (tmp_path / "new").exists()
+    for command in ("query", "check", "info"):
+        args = (command, "x") if command == "query" else (command,)
+        assert_one_line_error(
+            ragidx(*args, "--index", index, check=False), "no index at .*no build has completed"
+        )
+
+
+def test_a_closed_pipe_ends_the_output_quietly(workspace):
+    _, index = workspace
+    args = ["query", "the tides", "--index", str(index), "--mode", "dense", "--jsonl", "-k", "1000"]
+    assert len(ragidx(*args).stdout) > 4 * PIPE_BYTES  # more than the pipe holds: the writer must block
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(read_end, F_SETPIPE_SZ, PIPE_BYTES)
+    reader = subprocess.Popen([RAGIDX, *args], stdout=write_end, stderr=subprocess.PIPE, env=child_env())
+    os.close(write_end)
+    os.read(read_end, 10)
+    os.close(read_end)  # as `| head -c 10` does
+    assert reader.wait(timeout=120) == 0 and reader.stderr.read() == b""
+
+
+def test_a_long_build_off_a_terminal_prints_progress_lines(tmp_path, tiny_models, sample_corpus):
+    shutil.copytree(sample_corpus / "notes", tmp_path / "notes")
+    result = ragidx(
+        "build",
+        tmp_path / "notes",
+        "--model",
+        tiny_models["qwen2"],
+        "--index",
+        tmp_path / "index",
+        "--batch-size",
+        "2",
+        env={"RAGIDX_PROGRESS_SECONDS": "0"},
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("embedding: ")]
+    assert len(lines) >= 3 and lines[-1].startswith("embedding: 5/5 documents, tok/s "), result.stderr
+    assert "\r" not in result.stderr
