@@ -159,15 +159,31 @@ def _bar_on_terminals_only() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _parsed_once() -> Iterator[None]:
+    """transformers reads the GGUF file three times (config, tokenizer, weights), each time parsing
+    every metadata field anew: for Gemma 3's 262k-token vocabulary that is most of a conversion.
+    One reader per file serves all three (it is only ever read)."""
+    from unittest import mock
+
+    import gguf as gguf_library
+
+    with mock.patch.object(
+        gguf_library, "GGUFReader", functools.lru_cache(maxsize=1)(gguf_library.GGUFReader)
+    ):
+        yield
+
+
 def _convert(gguf: GgufFile, target: Path) -> None:
     """Dequantise into float32 safetensors plus tokenizer files in ``target``, manifest last."""
     import torch
-    from ragidx.indexer.runtime import quiet_transformers
     from transformers import AutoModel, AutoTokenizer
+
+    from ragidx.indexer.runtime import quiet_transformers
 
     quiet_transformers()
     started = time.perf_counter()
-    with _single_file(gguf, target) as path, _bar_on_terminals_only():
+    with _single_file(gguf, target) as path, _bar_on_terminals_only(), _parsed_once():
         try:
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
             model = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
