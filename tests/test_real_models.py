@@ -45,6 +45,12 @@ MIN_FOUND_FIRST, MIN_MRR = 3, 0.5
 BFLOAT16_MIN_COSINE = 0.999  # bf16 vs float32 vectors, for every strategy that --dtype auto runs in bf16
 BFLOAT16_CHECKED_TOKENS = 1200  # the first chunks up to this many tokens are embedded in float32 too
 PROMPTEOL_STS_FLOOR = 60.0  # Spearman x 100 on 200 dev pairs; the same architecture with random weights: ~0
+# Every strategy runs on SmolLM2. On Gemma 3 (slower, and the suite has a time budget) one strategy
+# per mechanism runs: prompt readout, token prepending with its sink, KV re-routing, value
+# aggregation, contrastive hidden-state edits, and mean pooling. Left out there: the other prompt
+# variants (last, cot, knowledge), echo, and wva/va (aligned-wva without its alignment or weights).
+PROBED_CHUNKS = 2  # per document (but for the default strategy): its opening carries its subject
+GEMMA_STRATEGIES = {"prompteol", "htp", "tp", "kv-embedding", "aligned-wva", "cp", "mean"}
 
 
 def installed(name: str) -> str:
@@ -92,12 +98,15 @@ def test_every_strategy_finds_the_source_documents_of_the_probes(
     from ragidx.indexer.chunking import Chunker
     from ragidx.indexer.strategies import create_strategy, default_strategy_name, strategy_class
 
+    if real_runtime.arch.model_type.startswith("gemma") and name not in GEMMA_STRATEGIES:
+        pytest.skip(f"{name} runs on SmolLM2 only (see GEMMA_STRATEGIES)")
     rounded = strategy_class(name).bfloat16_ok
     strategy = create_strategy(name, bfloat16_runtime if rounded else real_runtime)
     chunker = Chunker(real_runtime.tokenizer, strategy.default_chunk_tokens, 1, None)
+    default = name == default_strategy_name(real_runtime)  # held to the whole corpus, and to every probe
     texts, owners, sentences, tokens = [], [], [], []
     for document in sample_documents:
-        for chunk in chunker.chunk(document.text):
+        for chunk in chunker.chunk(document.text)[: None if default else PROBED_CHUNKS]:
             texts.append(chunk.text)
             owners.append(Path(document.path).name)
             sentences.append([(start - chunk.start, end - chunk.start) for start, end in chunk.sentences])
@@ -113,7 +122,7 @@ def test_every_strategy_finds_the_source_documents_of_the_probes(
     found_first = sum(rank == 1 for rank in ranks.values())
     mrr = float(np.mean([1 / rank for rank in ranks.values()]))
     assert found_first >= MIN_FOUND_FIRST and mrr >= MIN_MRR, ranks
-    if name == default_strategy_name(real_runtime):
+    if default:
         assert found_first == len(PROBES), ranks
     if rounded:
         exact = create_strategy(name, real_runtime)
