@@ -14,6 +14,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.filters import Filters
 from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.store import IndexReader, default_index_dir, read_meta
+from ragidx.indexer.wording import encodable
 
 if TYPE_CHECKING:
     from ragidx.indexer.strategies import Role, Strategy
@@ -50,15 +51,6 @@ class Hit:
 FilterSpec = Filters | Mapping[str, Any] | None
 WeightSpec = Fusion | Mapping[str, float] | None
 Result = TypeVar("Result")
-
-
-def _encodable(text: str) -> bool:
-    """Whether ``text`` can be stored and searched as UTF-8 (lone surrogates cannot)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class Index:
@@ -224,7 +216,7 @@ class Index:
             raise RagidxError(f"weights and fusion apply to hybrid search, not to {mode}")
         if any(not query.strip() for query in queries):
             raise RagidxError("the query is empty")
-        if not all(query.isascii() or _encodable(query) for query in queries):
+        if not all(encodable(query) for query in queries):
             raise RagidxError("the query is not valid Unicode text (it holds a lone surrogate)")
         chosen = filters if isinstance(filters, Filters) else Filters.from_mapping(filters)
         given = weights if isinstance(weights, Fusion) or weights is None else Fusion.from_weights(weights)

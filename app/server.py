@@ -26,6 +26,7 @@ from ragidx import __version__
 from ragidx.app.batching import SearchBatcher
 from ragidx.app.retriever import Index
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.wording import encodable
 
 MAX_K = 1000
 MAX_TEXT_CHARS = 20_000
@@ -42,10 +43,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 def _valid_unicode(text: str) -> str:
     """JSON can carry lone surrogates (``"\\ud800"``); no index can store or search them."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text is not valid Unicode (a lone surrogate)") from None
+    if not encodable(text):
+        raise ValueError("text is not valid Unicode (a lone surrogate)")
     return text
 
 

@@ -12,3 +12,12 @@ def excerpt(value: object, limit: int = 40) -> str:
     """``repr(value)``, cut to ``limit`` characters: errors name bad input without echoing it at length."""
     shown = repr(value)
     return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` can be stored and searched as UTF-8 (JSON and argv can carry lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

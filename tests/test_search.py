@@ -245,3 +245,8 @@ def test_text_written_without_spaces_is_searchable(tmp_path, tiny_models):
         remove([docs / "tokyo.txt"], folder)
         assert found("首都") == ["beijing.txt"]
     assert check(folder).healthy
+
+
+def test_a_query_that_is_not_valid_unicode_is_refused_in_one_line(index):
+    with pytest.raises(RagidxError, match="not valid Unicode"):
+        index.search("\ud800 tides", mode="lexical")
