@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import click
 from ragidx import __version__
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
-from ragidx.indexer.wording import counted
+from ragidx.indexer.wording import counted, page_label
 
 MODEL_HELP = (
     "Model: a short name of a packaged model (see `ragidx models`), a .gguf file, a model folder, or a "
@@ -186,65 +188,88 @@ def cli(debug: bool) -> None:
     """Index a folder of documents with LLM embeddings and search it."""
 
 
+def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of ``build``, which ``watch`` takes too."""
+    decorators = [
+        click.option(
+            "--model", default=None, help=f"{MODEL_HELP} (default: the index's, else {DEFAULT_MODEL_SHOWN})."
+        ),
+        click.option(
+            "--strategy",
+            default=None,
+            help="Embedding strategy (see `ragidx strategies`); "
+            "auto: htp for long documents, else aligned-wva.",
+        ),
+        _index_option,
+        _device_options,
+        click.option(
+            "--batch-size",
+            type=click.IntRange(min=1),
+            default=32,
+            show_default=True,
+            help="Rows per forward pass.",
+        ),
+        click.option(
+            "--max-batch-tokens",
+            type=click.IntRange(min=1),
+            default=16384,
+            show_default=True,
+            help="Padded tokens per forward pass.",
+        ),
+        click.option(
+            "--max-length",
+            type=click.IntRange(min=8),
+            default=None,
+            help="Longest templated input in tokens (default 512; htp: 8192; capped at the model's context).",
+        ),
+        click.option(
+            "--chunk-tokens",
+            type=click.IntRange(min=8),
+            default=None,
+            help="Token budget of a chunk (default 256; htp: 1024).",
+        ),
+        click.option(
+            "--overlap-sentences",
+            type=click.IntRange(min=0),
+            default=None,
+            help="Sentences repeated from the previous chunk (default 1).",
+        ),
+        click.option(
+            "--spacy-model",
+            default=None,
+            help="Installed spaCy pipeline for sentences (default: rule-based).",
+        ),
+        click.option(
+            "--document-template",
+            default=None,
+            help="Override the strategy's document template ({text} slot).",
+        ),
+        click.option(
+            "--query-template", default=None, help="Override the strategy's query template ({text} slot)."
+        ),
+        _strategy_options,
+        _vector_index_options,
+        click.option(
+            "--rebuild",
+            is_flag=True,
+            help="Re-embed everything (needed to change model, strategy or settings).",
+        ),
+        click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run."),
+        click.option(
+            "--tune/--no-tune",
+            default=True,
+            show_default=True,
+            help="Tune the hybrid weights on pseudo-queries from the corpus (new index, or >10% change).",
+        ),
+    ]
+    for decorator in reversed(decorators):
+        command = decorator(command)
+    return command
+
+
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "--model", default=None, help=f"{MODEL_HELP} (default: the index's, else {DEFAULT_MODEL_SHOWN})."
-)
-@click.option(
-    "--strategy",
-    default=None,
-    help="Embedding strategy (see `ragidx strategies`); auto: htp for long documents, else aligned-wva.",
-)
-@_index_option
-@_device_options
-@click.option(
-    "--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Rows per forward pass."
-)
-@click.option(
-    "--max-batch-tokens",
-    type=click.IntRange(min=1),
-    default=16384,
-    show_default=True,
-    help="Padded tokens per forward pass.",
-)
-@click.option(
-    "--max-length",
-    type=click.IntRange(min=8),
-    default=None,
-    help="Longest templated input in tokens (default 512; htp: 8192; capped at the model's context).",
-)
-@click.option(
-    "--chunk-tokens",
-    type=click.IntRange(min=8),
-    default=None,
-    help="Token budget of a chunk (default 256; htp: 1024).",
-)
-@click.option(
-    "--overlap-sentences",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Sentences repeated from the previous chunk (default 1).",
-)
-@click.option(
-    "--spacy-model", default=None, help="Installed spaCy pipeline for sentences (default: rule-based)."
-)
-@click.option(
-    "--document-template", default=None, help="Override the strategy's document template ({text} slot)."
-)
-@click.option("--query-template", default=None, help="Override the strategy's query template ({text} slot).")
-@_strategy_options
-@_vector_index_options
-@click.option(
-    "--rebuild", is_flag=True, help="Re-embed everything (needed to change model, strategy or settings)."
-)
-@click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run.")
-@click.option(
-    "--tune/--no-tune",
-    default=True,
-    show_default=True,
-    help="Tune the hybrid weights on pseudo-queries from the corpus (new index, or >10% change).",
-)
+@_build_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **options: Any) -> None:
     """Index the documents under PATHS, or bring the index up to date with them.
@@ -275,10 +300,7 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         click.echo(f"re-embedded {counted(report.restored, 'chunk')} whose vectors were lost")
     if report.truncated_chunks:
         click.echo(f"{counted(report.truncated_chunks, 'chunk')} cut to --max-length")
-    if report.skipped:
-        click.echo(f"skipped {counted(len(report.skipped), 'path')}:")
-        for skipped in report.skipped:
-            click.echo(f"  {_display_path(skipped.path)}: {skipped.reason}")
+    _print_skipped(report.skipped)
     click.echo(
         f"index {report.index_dir} (generation {report.generation}): "
         f"{counted(report.total_documents, 'document')}, {counted(report.total_chunks, 'chunk')}"
@@ -288,6 +310,62 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         click.echo(f"  rebuilt: {report.vector_index_rebuilt}")
     if report.tuning:
         click.echo(report.tuning.describe())
+
+
+def _print_skipped(skipped: Sequence[Any]) -> None:
+    if skipped:
+        click.echo(f"skipped {counted(len(skipped), 'path')}:")
+        for item in skipped:
+            click.echo(f"  {_display_path(item.path)}: {item.reason}")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@_build_options
+@click.option(
+    "--settle",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Seconds a changed file must stay unchanged before it is indexed.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print each build's summary as one JSON line.")
+def watch(
+    paths: tuple[Path, ...], index_dir: Path | None, settle: float, as_json: bool, **options: Any
+) -> None:
+    """Keep the index current: build now, then again whenever files under PATHS change.
+
+    Bursts of changes become one incremental build; searches and `ragidx serve` see each new
+    generation. Ctrl-C (or SIGTERM) stops; an interrupted build leaves the last one in place.
+    """
+    from ragidx.indexer.pipeline import build_options
+    from ragidx.indexer.watch import watch as run_watch
+
+    def built(report: Any) -> None:
+        if as_json:
+            click.echo(json.dumps(report.to_dict(), ensure_ascii=False))
+            return
+        click.echo(
+            f"{time.strftime('%H:%M:%S')} {report.changes.summary()}: generation {report.generation}, "
+            f"{counted(report.total_documents, 'document')}, {counted(report.total_chunks, 'chunk')} "
+            f"({report.seconds:.1f} s)"
+        )
+        _print_skipped(report.skipped)
+
+    options["dtype"] = options["dtype"] or "auto"
+    settings = build_options(index_dir, **options)
+    signal.signal(signal.SIGTERM, _interrupt)
+    click.echo(f"watching {', '.join(map(str, paths))} (Ctrl-C stops)", err=True)
+    try:
+        run_watch(
+            list(paths), settings, built, lambda message: click.echo(f"error: {message}", err=True), settle
+        )
+    except KeyboardInterrupt:
+        click.echo("stopped watching", err=True)
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
 
 
 @cli.command()
@@ -391,7 +469,8 @@ def _print_hits(hits: list[Any]) -> None:
         click.echo("no results", err=True)
     for hit in hits:
         start, end = hit.span
-        header = f"{hit.rank:>2}  {hit.score:.4f}  {_display_path(hit.path)}:{start}-{end}  {hit.title}"
+        place = " ".join(filter(None, (f"{_display_path(hit.path)}:{start}-{end}", page_label(hit.pages))))
+        header = f"{hit.rank:>2}  {hit.score:.4f}  {place}  {hit.title}"
         click.echo(click.style(header, bold=True) if color else header, color=color)
         marked = hit.snippet.render(lambda w: click.style(w, fg="yellow", bold=True)) if color else None
         click.echo(f"    {marked or hit.snippet.text}", color=color)
@@ -838,9 +917,7 @@ def serve(
 
         from ragidx.app.server import create_app
     except ImportError as error:
-        raise RagidxError(
-            f"ragidx serve needs the server extra ({error.name} is missing): pip install 'ragidx[server]'"
-        ) from None
+        raise _missing_extra("serve", "server", error) from None
     from ragidx.app import Index
 
     index = Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -849,6 +926,31 @@ def serve(
         click.echo(f"warning: listening on {host}: anyone who can reach it can read the index", err=True)
     click.echo(f"serving {index.reader.directory} on http://{host}:{port}/", err=True)
     uvicorn.run(create_app(index, max_body_bytes), host=host, port=port, log_level="warning")
+
+
+def _missing_extra(command: str, extra: str, error: ImportError) -> RagidxError:
+    return RagidxError(
+        f"ragidx {command} needs the {extra} extra ({error.name} is missing): pip install 'ragidx[{extra}]'"
+    )
+
+
+@cli.command("mcp")
+@_index_option
+@_device_options
+@click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run.")
+def mcp_server(index_dir: Path | None, device: str, dtype: str | None, trust_remote_code: bool) -> None:
+    """Serve the index to MCP clients (agents, editors) over stdio: tools search, get_document
+    and status; the indexed documents as resources."""
+    try:
+        from ragidx.app.mcp_server import create_server
+    except ImportError as error:
+        raise _missing_extra("mcp", "mcp", error) from None
+    from ragidx.app import Index
+
+    index = Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    server = create_server(index)
+    threading.Thread(target=server.load_model, daemon=True).start()  # answer the handshake at once
+    server.run("stdio")
 
 
 @cli.command()

@@ -43,9 +43,15 @@ class Hit:
     metadata: dict[str, Any]
     dense_rank: int | None = None
     lexical_rank: int | None = None
+    pages: list[int] | None = None  # PDFs: the 1-based pages the chunk's span touches
+
+    @property
+    def page(self) -> int | None:
+        """The page the chunk starts on (PDFs only)."""
+        return self.pages[0] if self.pages else None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "page": self.page}
 
 
 FilterSpec = Filters | Mapping[str, Any] | None
@@ -346,6 +352,7 @@ class Index:
                     metadata=row["metadata"],
                     dense_rank=ranks["dense"].get(chunk_id),
                     lexical_rank=ranks["lexical"].get(chunk_id),
+                    pages=row["pages"],
                 )
             )
         return hits

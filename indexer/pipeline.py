@@ -19,7 +19,7 @@ from ragidx.indexer.maintenance import reembed
 from ragidx.indexer.models import canonical_model_id, check_same_file, resolve_model
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.runtime import default_model, load_runtime
-from ragidx.indexer.sources import SkippedFile, SourceDocument, read_document, scan
+from ragidx.indexer.sources import ScanResult, SkippedFile, SourceDocument, read_document, scan
 from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration, default_index_dir
 from ragidx.indexer.strategies import bfloat16_ok
 from ragidx.indexer.tuning import TuningReport, needs_tuning, tune_and_store
@@ -172,27 +172,26 @@ def describe_skips(skipped: Sequence[SkippedFile]) -> str:
     return ", ".join(f"{count} {reason}" for reason, count in reasons.most_common())
 
 
-def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
+def build(
+    paths: Sequence[str | Path], options: BuildOptions, loaded: dict[tuple[Any, ...], Any] | None = None
+) -> BuildReport:
     """Bring the index up to date with the documents under ``paths``.
 
     New and changed documents (by SHA-256) are embedded; documents under ``paths`` that are gone
     are removed; documents elsewhere in the index are kept. ``options.rebuild`` re-embeds
     everything and makes the index exactly ``paths``. Settings not given are the index's own.
+    ``loaded`` keeps the model between builds of one process (``watch``): it holds the last one.
     """
     started = time.perf_counter()
     if not paths:
         raise RagidxError("nothing to index: give at least one file or folder")
-    scanned = scan(paths, exclude=options.index_dir, keep_text=False)
-    if not scanned.documents:
-        detail = (
-            f" ({len(scanned.skipped)} skipped: {describe_skips(scanned.skipped)})" if scanned.skipped else ""
-        )
-        raise RagidxError(f"no readable documents in {', '.join(map(str, paths))}{detail}")
     with IndexWriter(options.index_dir) as writer:
         previous = writer.meta if writer.meta.get("generation") else {}
         stored = previous if not options.rebuild else {}
         inherited = _inherited_settings(options, previous)
-        plan = plan_changes(scanned, writer.documents() if stored else {}, paths)
+        indexed = writer.documents() if stored else {}
+        scanned = _scan(paths, options.index_dir, {path: found[1] for path, found in indexed.items()})
+        plan = plan_changes(scanned, indexed, paths)
         vector_index = options.vector_index(writer.meta)
         restructure = bool(stored) and vector_index != VectorIndexSettings.from_meta(stored)
         lost = bool(stored) and writer.vectors_lost()  # restored from the chunks' stored text
@@ -206,13 +205,19 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         source = resolve_model(options.model or inherited.get("model") or default_model())
         if source.model_id == stored.get("model"):
             check_same_file(source, stored.get("model_file"))  # before a changed GGUF is converted
-        runtime = load_runtime(
+        arguments = (
             source,
             options.device,
             _dtype(options, stored),
             options.trust_remote_code,
             bfloat16_ok([options.strategy or inherited.get("strategy")]),
         )
+        runtime = loaded.get(arguments) if loaded is not None else None
+        if runtime is None:
+            runtime = load_runtime(*arguments)
+            if loaded is not None:
+                loaded.clear()
+                loaded[arguments] = runtime
         name, reason = _choose_strategy(options, inherited, runtime, scanned.documents)
         strategy = _create_strategy(name, runtime, options, inherited)
         chunker = _create_chunker(runtime, strategy, options, inherited)
@@ -246,6 +251,17 @@ def build(paths: Sequence[str | Path], options: BuildOptions) -> BuildReport:
         tuning = _tune(options, writer, strategy, fresh=not stored)
         skipped = scanned.skipped + embedded.skipped
         return _report(options, writer, plan, skipped, started, meta, committed, embedded, tuning)
+
+
+def _scan(paths: Sequence[str | Path], index_dir: Path, known: dict[str, str]) -> ScanResult:
+    """The documents under ``paths`` (texts dropped; files whose hash is ``known`` not extracted)."""
+    scanned = scan(paths, exclude=index_dir, keep_text=False, known=known)
+    if not scanned.documents:
+        detail = (
+            f" ({len(scanned.skipped)} skipped: {describe_skips(scanned.skipped)})" if scanned.skipped else ""
+        )
+        raise RagidxError(f"no readable documents in {', '.join(map(str, paths))}{detail}")
+    return scanned
 
 
 def _inherited_settings(options: BuildOptions, previous: dict[str, Any]) -> dict[str, Any]:

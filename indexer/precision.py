@@ -23,6 +23,9 @@ from ragidx.indexer.cache import cache_dir
 PROBE_TOKENS = 256  # rows of the probe's product: a typical batch slice, large enough to be steady
 PROBE_SECONDS = 0.4  # per dtype
 BFLOAT16_SPEEDUP_NEEDED = 1.2  # below this, rounding is not worth the speed (and noise could flip it)
+# Below this width a product is so small (64 -> 128: ~2 MFLOP) that both dtypes run at the same
+# per-call overhead (measured 0.98-1.01x here), so the probe would time noise: float32, unprobed.
+MIN_PROBED_HIDDEN = 256
 CACHE_FILE = "precision.json"
 
 
@@ -109,7 +112,7 @@ def probe_precision(hidden: int, intermediate: int) -> PrecisionProbe:
 
 def cpu_auto_dtype(hidden: int, intermediate: int) -> str:
     """``float32`` or ``bfloat16``: what is measured faster for a model of this shape on this CPU."""
-    if not cpu_has_bfloat16_instructions():
+    if hidden < MIN_PROBED_HIDDEN or not cpu_has_bfloat16_instructions():
         return "float32"
     path = cache_dir() / CACHE_FILE
     key = _machine_key(hidden, intermediate)

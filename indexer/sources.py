@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,10 @@ READERS = {
     ".markdown": "markdown",
     ".html": "html",
     ".htm": "html",
+    ".pdf": "pdf",
+    ".docx": "docx",
 }
+EXTRACTED_KINDS = ("pdf", "docx")  # binary formats, read by indexer.extractors (optional extras)
 HTML_BLOCKS = (
     "address",
     "article",
@@ -75,6 +79,7 @@ class SourceDocument:
     title: str
     kind: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    page_starts: list[int] | None = None  # PDFs: page n (1-based) starts at page_starts[n - 1]
 
 
 @dataclass(frozen=True)
@@ -92,11 +97,18 @@ class ScanResult:
     skipped: list[SkippedFile] = field(default_factory=list)
 
 
-def scan(paths: Sequence[str | Path], exclude: Path | None = None, keep_text: bool = True) -> ScanResult:
+def scan(
+    paths: Sequence[str | Path],
+    exclude: Path | None = None,
+    keep_text: bool = True,
+    known: Mapping[str, str] | None = None,
+) -> ScanResult:
     """Read every supported file under ``paths``; files that cannot be used are listed, not fatal.
 
     ``keep_text=False`` drops each text once it is hashed (``text`` is then empty): a build reads
     the documents it embeds again, one group at a time, so its memory does not grow with the corpus.
+    ``known`` maps paths to the content hashes already indexed: a file with the same bytes is
+    hashed but not extracted again (PDFs take seconds), and comes back with empty text and title.
     """
     result = ScanResult()
     seen: set[str] = set()
@@ -108,7 +120,7 @@ def scan(paths: Sequence[str | Path], exclude: Path | None = None, keep_text: bo
         if str(file) in seen:
             continue
         seen.add(str(file))
-        outcome = read_document(file)
+        outcome = read_document(file, (known or {}).get(str(file)))
         if isinstance(outcome, SkippedFile):
             result.skipped.append(outcome)
         else:
@@ -160,8 +172,8 @@ def _walk(paths: Sequence[str | Path], exclude: Path | None) -> Iterator[Path | 
         unlistable.clear()
 
 
-def read_document(path: Path) -> SourceDocument | SkippedFile:
-    """Decode and extract one file's text."""
+def read_document(path: Path, known_hash: str | None = None) -> SourceDocument | SkippedFile:
+    """Decode and extract one file's text; none when its content hash is ``known_hash``."""
     kind = READERS.get(path.suffix.lower())
     if kind is None:
         return SkippedFile(normal_path(path), f"unsupported file type '{path.suffix or path.name}'")
@@ -172,27 +184,54 @@ def read_document(path: Path) -> SourceDocument | SkippedFile:
         return SkippedFile(normal_path(path), f"unreadable: {error.strerror or error}")
     if not data.strip():
         return SkippedFile(normal_path(path), "empty file")
+    content_hash = hashlib.sha256(data).hexdigest()
+    found = SourceDocument(normal_path(path), "", content_hash, len(data), stat.st_mtime, "", kind)
+    if content_hash == known_hash:
+        return found
+    extracted = _extract(kind, data)
+    if isinstance(extracted, str):
+        return SkippedFile(found.path, extracted)
+    text, metadata, page_starts = extracted
+    if not text.strip():
+        return SkippedFile(found.path, "no text")
+    title = metadata.get("title")
+    return dataclasses.replace(
+        found,
+        text=text,
+        title=title if isinstance(title, str) and title.strip() else guess_title(text, path),
+        metadata=metadata,
+        page_starts=page_starts,
+    )
+
+
+def _extract(kind: str, data: bytes) -> tuple[str, dict[str, Any], list[int] | None] | str:
+    """The text, metadata and page starts of a file's bytes, or why it cannot be used."""
+    if kind in EXTRACTED_KINDS:
+        from ragidx.indexer import extractors
+
+        extract = extractors.extract_pdf if kind == "pdf" else extractors.extract_docx
+        try:
+            extracted = extract(data)
+        except extractors.Unusable as reason:
+            return str(reason)
+        return extracted.text, extracted.metadata, extracted.page_starts
     text = decode_text(data)
     if text is None:
-        return SkippedFile(normal_path(path), "binary content")
-    metadata: dict[str, Any] = {}
+        return "binary content"
     if kind == "html":
-        text, metadata = html_to_text(text)
-    elif kind == "markdown":
-        text, metadata = split_front_matter(text)
-    title = metadata.get("title")
-    if not text.strip():
-        return SkippedFile(normal_path(path), "no text")
-    return SourceDocument(
-        path=normal_path(path),
-        text=text,
-        content_hash=hashlib.sha256(data).hexdigest(),
-        size=len(data),
-        mtime=stat.st_mtime,
-        title=title if isinstance(title, str) and title.strip() else guess_title(text, path),
-        kind=kind,
-        metadata=metadata,
-    )
+        return *html_to_text(text), None
+    if kind == "markdown":
+        return *split_front_matter(text), None
+    return text, {}, None
+
+
+def span_pages(page_starts: Sequence[int] | None, start: int, end: int) -> list[int] | None:
+    """The 1-based pages a character span of a paged document's text touches; None unpaged."""
+    if not page_starts:
+        return None
+    first = bisect.bisect_right(page_starts, start)
+    last = bisect.bisect_right(page_starts, max(start, end - 1))
+    return list(range(max(first, 1), last + 1))
 
 
 def decode_text(data: bytes) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import functools
 import json
 import os
 import re
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.errors import IndexLocked, RagidxError
 from ragidx.indexer.faults import checkpoint
 from ragidx.indexer.lexical import (
     CJK_TABLE,
@@ -31,6 +32,7 @@ from ragidx.indexer.lexical import (
     match_expression,
     remove_cjk_rows,
 )
+from ragidx.indexer.sources import span_pages
 from ragidx.indexer.vector_index import VectorIndex, VectorIndexSettings, update
 
 if TYPE_CHECKING:
@@ -104,11 +106,14 @@ def _create_schema(db: Database) -> None:
             "metadata": str,
             "chunk_count": int,
             "indexed_at": float,
+            "page_starts": str,
         },
         pk="id",
         not_null={"path", "content_hash"},
         if_not_exists=True,
     )
+    if "page_starts" not in db["documents"].columns_dict:  # added with PDF support; null elsewhere
+        db["documents"].add_column("page_starts", str)
     db["documents"].create_index(["path"], unique=True, if_not_exists=True)
     db["chunks"].create(
         {
@@ -226,19 +231,27 @@ class IndexReader:
         marks = ",".join("?" for _ in chunk_ids)
         sql = f"""
             select c.id as chunk_id, c.text, c.char_start, c.char_end, c.ordinal, c.token_count,
-                   c.sentences, d.path, d.title, d.metadata, d.id as document_id
+                   c.sentences, d.path, d.title, d.metadata, d.id as document_id, {self._page_starts}
             from chunks c join documents d on d.id = c.document_id
             where c.id in ({marks})
         """
-        rows = self.db.query(sql, [int(i) for i in chunk_ids])
-        return {
-            row["chunk_id"]: {
+        found = {}
+        for row in self.db.query(sql, [int(i) for i in chunk_ids]):
+            page_starts = json.loads(row.pop("page_starts") or "null")
+            found[row["chunk_id"]] = {
                 **row,
                 "metadata": json.loads(row["metadata"] or "{}"),
                 "sentences": [tuple(span) for span in json.loads(row["sentences"] or "[]")],
+                "pages": span_pages(page_starts, row["char_start"], row["char_end"]),
             }
-            for row in rows
-        }
+        return found
+
+    @functools.cached_property
+    def _page_starts(self) -> str:
+        """The page-starts column, or null for an index written before it existed."""
+        return (
+            "d.page_starts" if "page_starts" in self.db["documents"].columns_dict else "null as page_starts"
+        )
 
     def filtered_chunk_ids(self, filters: Filters) -> np.ndarray:
         """Ids of the chunks whose documents pass ``filters``, ascending."""
@@ -286,6 +299,23 @@ class IndexReader:
             found.update(self.db.execute(f"select id, document_id from chunks where id in ({marks})", batch))
         return found
 
+    def document_rows(self, path: str | None = None) -> list[dict[str, Any]]:
+        """Indexed documents (all, or the one at ``path``) by path: title, kind, content hash,
+        chunk count, metadata and page starts (null unless paged)."""
+        where, params = ("where path = ?", [path]) if path is not None else ("", [])
+        sql = f"""
+            select path, title, kind, content_hash, size, chunk_count, metadata, {self._page_starts}
+            from documents d {where} order by path
+        """
+        return [
+            {
+                **row,
+                "metadata": json.loads(row["metadata"] or "{}"),
+                "page_starts": json.loads(row["page_starts"] or "null"),
+            }
+            for row in self.db.query(sql, params)
+        ]
+
     def counts(self) -> dict[str, int]:
         return _counts(self.db)
 
@@ -308,7 +338,7 @@ class IndexWriter:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock_file.close()
-            raise RagidxError(f"index {self.directory} is locked: another build is writing to it") from None
+            raise IndexLocked(f"index {self.directory} is locked: another build is writing to it") from None
         path = self.directory / DB_NAME
         try:
             self.db = _connect(path)
@@ -589,6 +619,7 @@ def _document_row(record: DocumentRecord, now: float) -> dict[str, Any]:
         "metadata": json.dumps(record.metadata),
         "chunk_count": len(record.chunks),
         "indexed_at": now,
+        "page_starts": json.dumps(source.page_starts) if source.page_starts is not None else None,
     }
 
 

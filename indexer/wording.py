@@ -1,4 +1,4 @@
-"""Counts in messages, so one thing is never "1 documents"."""
+"""Wording shared by messages and output: counts, excerpts, page labels."""
 
 from __future__ import annotations
 
@@ -21,3 +21,10 @@ def encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def page_label(pages: list[int] | None) -> str:
+    """``p. 3`` or ``pp. 3-4`` for a span of a paged document; empty for others."""
+    if not pages:
+        return ""
+    return f"p. {pages[0]}" if len(pages) == 1 else f"pp. {pages[0]}-{pages[-1]}"

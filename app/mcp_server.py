@@ -1,0 +1,175 @@
+"""MCP server over one open index (the official ``mcp`` SDK, stdio): the tools ``search``,
+``get_document`` and ``status``, and every indexed document as a ``file://`` resource.
+
+Agents and editors speak the Model Context Protocol; this gives them ragidx's search with the
+index's own model and strategy. As in the HTTP API, every use of the index passes through one lock
+(strategies re-route attention for the length of a forward pass), and nothing a caller sends can
+open a file that is not an indexed document.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlparse
+
+from mcp.server.lowlevel.helper_types import ReadResourceContents
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp_types import Resource, ToolAnnotations
+from pydantic import Field
+
+from ragidx import __version__
+from ragidx.app.retriever import Index
+from ragidx.app.schemas import MAX_K, MAX_TEXT_CHARS, FilterBody, Text
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.sources import SkippedFile, SourceDocument, normal_path, read_document, span_pages
+
+DOCUMENT_CHARS = 20_000  # get_document's default slice: an agent asks for the next one by `start`
+INSTRUCTIONS = (
+    "Search a local document index built by ragidx. `search` returns the best chunks with their "
+    "file path, character span, page (PDFs) and text; `get_document` returns a document's text or "
+    "a span of it (pass a hit's span to read around it); `status` describes the index."
+)
+READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
+class IndexServer(MCPServer):
+    """An MCP server whose resources are the index's documents, listed fresh on every request so
+    a build that commits while it runs is seen."""
+
+    def __init__(self, index: Index):
+        super().__init__("ragidx", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
+        self.index = index
+        self.lock = threading.Lock()
+
+    def load_model(self) -> None:
+        """Load the index's model ahead of the first search; a failure is reported by that search."""
+        with self.lock, contextlib.suppress(Exception):
+            self.index.strategy  # noqa: B018 - loads it
+
+    def documents(self, path: str | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            self.index.refresh()
+            return self.index.reader.document_rows(path)
+
+    async def list_resources(self) -> list[Resource]:
+        return [
+            Resource(
+                uri=Path(row["path"]).as_uri(),
+                name=row["path"],
+                title=row["title"],
+                description=f"{row['kind']} document, {row['chunk_count']} chunks",
+                mime_type="text/plain",
+            )
+            for row in self.documents()
+        ]
+
+    async def read_resource(self, uri: Any, context: Any = None) -> Iterable[ReadResourceContents]:
+        parsed = urlparse(str(uri))
+        rows = self.documents(unquote(parsed.path)) if parsed.scheme == "file" else []
+        if not rows:
+            raise ResourceNotFoundError(f"not an indexed document: {uri}")
+        return [ReadResourceContents(content=current_text(rows[0])[0], mime_type="text/plain")]
+
+
+def current_text(row: dict[str, Any]) -> tuple[str, bool]:
+    """The document's text as ragidx extracts it now, and whether the file changed since indexing
+    (then the spans of its hits may no longer match)."""
+    try:
+        stat = os.stat(row["path"])
+        document = _read(row["path"], stat.st_size, stat.st_mtime_ns)
+    except OSError as error:
+        raise ToolError(f"{row['path']} cannot be read now: {error.strerror or error}") from None
+    if isinstance(document, SkippedFile):
+        raise ToolError(f"{row['path']} cannot be read now: {document.reason}")
+    return document.text, document.content_hash != row["content_hash"]
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, size: int, mtime_ns: int) -> SourceDocument | SkippedFile:
+    """One extraction per file version: an agent reading a long PDF slice by slice calls again
+    and again (a 100-page PDF takes ~0.4 s)."""
+    return read_document(Path(path))
+
+
+def create_server(index: Index) -> IndexServer:
+    """The MCP server for ``index``; ``server.run("stdio")`` serves it."""
+    server = IndexServer(index)
+
+    @server.tool(annotations=READ_ONLY)
+    def search(
+        query: Annotated[
+            Text, Field(min_length=1, max_length=MAX_TEXT_CHARS, description="What to look for.")
+        ],
+        k: Annotated[int, Field(ge=1, le=MAX_K, description="How many hits.")] = 10,
+        mode: Annotated[
+            Literal["hybrid", "dense", "lexical"],
+            Field(description="hybrid (default): meaning and words fused; dense: meaning; lexical: BM25."),
+        ] = "hybrid",
+        filters: Annotated[
+            FilterBody | None,
+            Field(description='Restrict to {"path": glob(s), "ext": ext(s), "meta": {key: value(s)}}.'),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Search the index: the best chunks for the query, each with its document's path, the
+        chunk's character span in that document, its page(s) for PDFs, a snippet and its text."""
+        spec = filters.model_dump(exclude_none=True) if filters else None
+        try:
+            with server.lock:
+                hits = server.index.search(query, k=k, mode=mode, filters=spec)
+        except RagidxError as error:
+            raise ToolError(str(error)) from None
+        return {"query": query, "mode": mode, "hits": [tool_hit(hit.to_dict()) for hit in hits]}
+
+    @server.tool(annotations=READ_ONLY)
+    def get_document(
+        path: Annotated[
+            str, Field(min_length=1, description="An indexed document's path, as search returns it.")
+        ],
+        start: Annotated[int, Field(ge=0, description="First character (a hit's span[0]).")] = 0,
+        end: Annotated[int | None, Field(ge=0, description="End character (a hit's span[1]).")] = None,
+    ) -> dict[str, Any]:
+        """A document's text, or the span [start, end) of it (at most 20,000 characters per call:
+        ``next_start`` says where to go on), with its title, metadata and pages."""
+        rows = server.documents(path) or server.documents(normal_path(path))
+        if not rows:
+            raise ToolError(f"not an indexed document: {path} (search returns the paths the index holds)")
+        row = rows[0]
+        text, changed = current_text(row)
+        limit = len(text) if end is None else min(end, len(text))
+        if start > limit:
+            raise ToolError(f"start {start} is past the end ({limit} characters)")
+        stop = min(limit, start + DOCUMENT_CHARS)
+        return {
+            "path": row["path"],
+            "title": row["title"],
+            "kind": row["kind"],
+            "metadata": row["metadata"],
+            "length": len(text),
+            "span": [start, stop],
+            "pages": span_pages(row["page_starts"], start, stop),
+            "text": text[start:stop],
+            "next_start": stop if stop < limit else None,
+            "changed_since_indexed": changed,
+        }
+
+    @server.tool(annotations=READ_ONLY)
+    def status() -> dict[str, Any]:
+        """The index: model, strategy and its settings, document and chunk counts, size on disk."""
+        with server.lock:
+            server.index.refresh()
+            return server.index.info()
+
+    return server
+
+
+def tool_hit(hit: dict[str, Any]) -> dict[str, Any]:
+    """A hit as an agent needs it: where it is, how good, and what it says."""
+    keys = ("rank", "score", "path", "title", "span", "page", "pages", "metadata", "text")
+    return {**{key: hit[key] for key in keys}, "snippet": hit["snippet"]["text"]}

@@ -1,0 +1,148 @@
+"""`ragidx mcp` end to end: the MCP SDK's own stdio client starts the server as a subprocess,
+lists and calls its tools, reads its resources, and gets tool errors (not a crash) for bad
+arguments. Expected answers come from the CLI (`ragidx query`/`info`) and from re-reading files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from test_cli import RAGIDX, child_env, ragidx
+from test_documents import KELP, LAGOONS, TIDES, write_pdf
+
+from ragidx.indexer.sources import read_document
+
+mcp = pytest.importorskip("mcp")
+from mcp.client.stdio import StdioServerParameters  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mcp_corpus(tmp_path_factory, sample_corpus) -> Path:
+    corpus = tmp_path_factory.mktemp("mcp-corpus")
+    for path in sorted(sample_corpus.rglob("*.md"))[:4]:
+        (corpus / path.name).write_text(path.read_text())
+    write_pdf(corpus / "tides.pdf", [[TIDES, LAGOONS], [KELP]])
+    (corpus / "changing.md").write_text("# Changing\n\nThis note is edited after it is indexed.\n")
+    return corpus
+
+
+@pytest.fixture(scope="module")
+def mcp_index(tmp_path_factory, tiny_models, mcp_corpus) -> Path:
+    index = tmp_path_factory.mktemp("mcp") / "index"
+    ragidx("build", mcp_corpus, "--model", tiny_models["qwen2"], "--index", index, "--chunk-tokens", "32")
+    return index
+
+
+def session(index: Path, script) -> dict:
+    """Run ``script(client)`` against ``ragidx mcp --index INDEX`` and return what it collected."""
+
+    async def main() -> dict:
+        server = StdioServerParameters(command=RAGIDX, args=["mcp", "--index", str(index)], env=child_env())
+        async with mcp.Client(server, read_timeout_seconds=120) as client:
+            return await script(client)
+
+    return asyncio.run(main())
+
+
+def structured(result) -> dict:
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+def test_tools_answer_as_the_cli_does(mcp_index):
+    query = "kelp forests cold water"
+
+    async def script(client) -> dict:
+        tools = await client.list_tools()
+        found = structured(await client.call_tool("search", {"query": query, "k": 3, "mode": "lexical"}))
+        hit = found["hits"][0]
+        span = {"path": hit["path"], "start": hit["span"][0], "end": hit["span"][1]}
+        return {
+            "tools": {tool.name: tool for tool in tools.tools},
+            "found": found,
+            "slice": structured(await client.call_tool("get_document", span)),
+            "whole": structured(await client.call_tool("get_document", {"path": hit["path"]})),
+            "status": structured(await client.call_tool("status", {})),
+        }
+
+    got = session(mcp_index, script)
+    assert set(got["tools"]) == {"search", "get_document", "status"}
+    assert got["tools"]["search"].annotations.read_only_hint
+    cli_hits = json.loads(
+        ragidx("query", query, "--index", mcp_index, "-k", "3", "--mode", "lexical", "--json").stdout
+    )
+    hits = got["found"]["hits"]
+    assert [(h["path"], h["span"], h["score"]) for h in hits] == [
+        (h["path"], h["span"], pytest.approx(h["score"])) for h in cli_hits
+    ]
+    top = hits[0]
+    assert Path(top["path"]).name == "tides.pdf" and top["page"] == 2 and KELP in top["text"]
+    assert got["slice"]["text"] == top["text"] and got["slice"]["pages"] == [2]
+    assert got["whole"]["text"] == read_document(Path(top["path"])).text
+    assert got["whole"]["metadata"]["author"] == "A. Writer" and got["whole"]["next_start"] is None
+    assert not got["whole"]["changed_since_indexed"]
+    info = json.loads(ragidx("info", "--index", mcp_index, "--json").stdout)
+    status = got["status"]
+    assert (status["generation"], status["documents"], status["chunks"]) == (
+        info["generation"],
+        info["documents"],
+        info["chunks"],
+    )
+
+
+def test_documents_are_resources(mcp_index):
+    async def script(client) -> dict:
+        listed = (await client.list_resources()).resources
+        pdf = next(r for r in listed if r.name.endswith("tides.pdf"))
+        read = await client.read_resource(pdf.uri)
+        return {"listed": listed, "pdf": pdf, "text": read.contents[0].text}
+
+    got = session(mcp_index, script)
+    assert len(got["listed"]) == 6 and all(str(r.uri).startswith("file:///") for r in got["listed"])
+    assert got["pdf"].title == "Tidal Notes"
+    assert got["text"] == read_document(Path(got["pdf"].name)).text
+
+
+def test_a_document_edited_since_indexing_is_flagged(mcp_index, mcp_corpus):
+    changing = mcp_corpus / "changing.md"
+    path = json.loads(
+        ragidx("query", "edited after", "--index", mcp_index, "--mode", "lexical", "--json").stdout
+    )[0]["path"]
+    assert path == str(changing)
+    changing.write_text("# Changing\n\nEdited.\n")
+
+    async def script(client) -> dict:
+        return structured(await client.call_tool("get_document", {"path": path}))
+
+    got = session(mcp_index, script)
+    assert got["changed_since_indexed"] and got["text"] == "# Changing\n\nEdited.\n"
+
+
+def test_bad_arguments_are_tool_errors_and_the_server_keeps_answering(mcp_index):
+    calls = [
+        ("search", {"query": "tides", "k": 0}),
+        ("search", {"query": "tides", "mode": "fuzzy"}),
+        ("search", {"query": ""}),
+        ("search", {"query": "tides", "filters": {"meta": {"bad key!": "x"}}}),
+        ("get_document", {"path": "/etc/passwd"}),
+        ("get_document", {"path": "/etc/passwd", "start": -1}),
+    ]
+
+    async def script(client) -> dict:
+        errors = []
+        for name, arguments in calls:
+            result = await client.call_tool(name, arguments)
+            errors.append((result.is_error, result.content[0].text))
+        after = structured(await client.call_tool("search", {"query": "tides", "mode": "lexical", "k": 1}))
+        return {"errors": errors, "after": after}
+
+    got = session(mcp_index, script)
+    assert all(is_error for is_error, _ in got["errors"]), got["errors"]
+    messages = [text for _, text in got["errors"]]
+    assert "k" in messages[0] and "mode" in messages[1] and "query" in messages[2]
+    assert "metadata key" in messages[3]
+    assert "not an indexed document: /etc/passwd" in messages[4]
+    assert "start" in messages[5] and "root:" not in " ".join(messages)
+    assert len(got["after"]["hits"]) == 1

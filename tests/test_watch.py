@@ -1,0 +1,165 @@
+"""`ragidx watch`: a real watcher in a subprocess builds on each settled burst of changes, never
+indexes a file while it is being written, and stops cleanly on SIGINT and SIGTERM; plus the
+filter and the settling rule on their own."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_cli import RAGIDX, child_env, ragidx
+
+from ragidx.indexer.sources import normal_path
+from ragidx.indexer.store import IndexWriter
+from ragidx.indexer.watch import DocumentFilter, Pending
+
+pytest.importorskip("watchfiles")
+
+
+class Watcher:
+    """``ragidx watch --json`` running; its stdout lines (one JSON summary per build) in a queue."""
+
+    def __init__(self, *args: str | Path):
+        self.process = subprocess.Popen(
+            [RAGIDX, "watch", *map(str, args), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def __enter__(self) -> Watcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+
+    def next_build(self, timeout: float = 60.0) -> dict:
+        try:
+            return json.loads(self.lines.get(timeout=timeout))
+        except queue.Empty:
+            self.process.kill()
+            raise AssertionError(f"no build within {timeout} s: {self.process.stderr.read()}") from None
+
+    def no_build_for(self, seconds: float) -> bool:
+        try:
+            self.lines.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        return False
+
+    def stop(self, sig: int) -> tuple[int, str]:
+        self.process.send_signal(sig)
+        code = self.process.wait(timeout=60)
+        return code, self.process.stderr.read()
+
+
+def changes(report: dict) -> tuple[int, int, int, int]:
+    return report["new"], report["updated"], report["unchanged"], report["removed"]
+
+
+def lexical_top(index: Path, text: str) -> dict:
+    return json.loads(
+        ragidx("query", text, "--index", index, "--mode", "lexical", "--json", "-k", "1").stdout
+    )[0]
+
+
+def small_corpus(sample_corpus: Path, folder: Path) -> Path:
+    folder.mkdir()
+    for path in sorted(sample_corpus.rglob("*.md"))[:3]:
+        (folder / path.name).write_text(path.read_text())
+    return folder
+
+
+def test_changes_are_built_once_settled_and_the_watch_stops_cleanly(tiny_models, sample_corpus, tmp_path):
+    corpus = small_corpus(sample_corpus, tmp_path / "corpus")
+    index = corpus / ".ragidx"  # inside the watched folder: its own writes must not trigger builds
+    with Watcher(corpus, "--index", index, "--model", tiny_models["qwen2"], "--settle", "1.0") as watcher:
+        watch_and_stop(watcher, corpus, index)
+    info = json.loads(ragidx("info", "--index", index, "--json").stdout)
+    assert (info["generation"], info["documents"]) == (4, 4)
+
+
+def test_sigterm_stops_the_watch_cleanly(tiny_models, sample_corpus, tmp_path):
+    corpus = small_corpus(sample_corpus, tmp_path / "corpus")
+    index = tmp_path / "index"
+    with Watcher(corpus, "--index", index, "--model", tiny_models["qwen2"]) as watcher:
+        assert changes(watcher.next_build()) == (3, 0, 0, 0)
+        code, stderr = watcher.stop(signal.SIGTERM)
+    assert code == 0 and stderr.strip().endswith("stopped watching"), stderr
+    assert json.loads(ragidx("info", "--index", index, "--json").stdout)["documents"] == 3
+
+
+def watch_and_stop(watcher: Watcher, corpus: Path, index: Path) -> None:
+    assert changes(watcher.next_build()) == (3, 0, 0, 0)
+    assert watcher.no_build_for(2.0)  # the index's own files changed; nothing to build
+
+    new = corpus / "tides.md"
+    with new.open("w") as file:  # written in two parts, 0.5 s apart: settle must wait for both
+        file.write("Tidal barrages hold water behind a dam.\n\n")
+        file.flush()
+        time.sleep(0.5)
+        file.write("Lagoons release it through turbines at slack water.\n")
+    (corpus / "notes.tmp").write_text("an unsupported file: no build")
+    report = watcher.next_build()
+    assert changes(report) == (1, 0, 3, 0) and report["generation"] == 2
+    assert watcher.no_build_for(1.5)  # one build for the whole burst
+    top = lexical_top(index, "lagoons turbines slack water")
+    assert Path(top["path"]).name == "tides.md" and "Tidal barrages" in top["text"] + new.read_text()
+    stored = json.loads(
+        ragidx("query", "tidal barrages dam", "--index", index, "--mode", "lexical", "--json").stdout
+    )
+    assert "".join(hit["text"] for hit in stored if hit["path"] == str(new)).count("Lagoons") >= 1
+
+    with IndexWriter(index):  # another build holds the lock: the change waits for it
+        (corpus / "locked.md").write_text("Written while another build held the lock.\n")
+        assert watcher.no_build_for(3.0)
+    assert changes(watcher.next_build())[:3] == (1, 0, 4)
+
+    (corpus / next(iter(sorted(p.name for p in corpus.glob("*.md"))))).unlink()
+    assert changes(watcher.next_build())[3] == 1
+
+    code, stderr = watcher.stop(signal.SIGINT)
+    assert code == 0 and stderr.strip().endswith("stopped watching"), stderr
+    assert stderr.count("is locked: another build is writing to it; waiting for it") == 1
+
+
+def test_the_filter_passes_only_what_a_build_would_read(tmp_path):
+    root = tmp_path / "docs"
+    (root / "sub").mkdir(parents=True)
+    (root / "file.md").write_text("x")
+    relevant = DocumentFilter([normal_path(root)], normal_path(root / ".ragidx"))
+    assert relevant(None, str(root / "sub" / "a.pdf")) and relevant(None, str(root / "b.DOCX"))
+    assert relevant(None, str(root / "gone-folder"))  # deleted: its documents go
+    assert not relevant(None, str(root / "file.md~")) and not relevant(None, str(root / "c.png"))
+    assert not relevant(None, str(root / ".hidden" / "a.md")) and not relevant(None, str(root / ".a.md.swp"))
+    assert not relevant(None, str(root / ".ragidx" / "ragidx.db"))
+
+
+def test_a_file_settles_only_once_it_stops_changing(tmp_path):
+    path = tmp_path / "a.md"
+    path.write_text("first")
+    pending = Pending()
+    pending.add(str(path), now=100.0)
+    assert not pending.settled(now=100.5, settle=1.0)
+    path.write_text("first and more")  # changed again: the clock restarts
+    assert not pending.settled(now=101.2, settle=1.0)
+    assert not pending.settled(now=102.0, settle=1.0)
+    assert pending.settled(now=102.3, settle=1.0)
+    path.unlink()
+    pending.add(str(path), now=103.0)
+    assert pending.settled(now=103.0, settle=1.0)  # deleted: nothing to wait for
