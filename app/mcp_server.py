@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlparse
 
+from anyio import to_thread
 from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp_types import Resource, ToolAnnotations
 from pydantic import Field
 
@@ -59,6 +60,8 @@ class IndexServer(MCPServer):
             return self.index.reader.document_rows(path)
 
     async def list_resources(self) -> list[Resource]:
+        # In a worker thread, as tools run: the lock may be held by a search's forward pass.
+        rows = await to_thread.run_sync(self.documents)
         return [
             Resource(
                 uri=Path(row["path"]).as_uri(),
@@ -67,15 +70,20 @@ class IndexServer(MCPServer):
                 description=f"{row['kind']} document, {row['chunk_count']} chunks",
                 mime_type="text/plain",
             )
-            for row in self.documents()
+            for row in rows
         ]
 
     async def read_resource(self, uri: Any, context: Any = None) -> Iterable[ReadResourceContents]:
         parsed = urlparse(str(uri))
-        rows = self.documents(unquote(parsed.path)) if parsed.scheme == "file" else []
+        path = unquote(parsed.path) if parsed.scheme == "file" else None
+        rows = await to_thread.run_sync(self.documents, path) if path else []
         if not rows:
             raise ResourceNotFoundError(f"not an indexed document: {uri}")
-        return [ReadResourceContents(content=current_text(rows[0])[0], mime_type="text/plain")]
+        try:
+            text, _ = await to_thread.run_sync(current_text, rows[0])
+        except RagidxError as error:
+            raise ResourceError(str(error)) from None
+        return [ReadResourceContents(content=text, mime_type="text/plain")]
 
 
 def current_text(row: dict[str, Any]) -> tuple[str, bool]:
@@ -85,9 +93,9 @@ def current_text(row: dict[str, Any]) -> tuple[str, bool]:
         stat = os.stat(row["path"])
         document = _read(row["path"], stat.st_size, stat.st_mtime_ns)
     except OSError as error:
-        raise ToolError(f"{row['path']} cannot be read now: {error.strerror or error}") from None
+        raise RagidxError(f"{row['path']} cannot be read now: {error.strerror or error}") from None
     if isinstance(document, SkippedFile):
-        raise ToolError(f"{row['path']} cannot be read now: {document.reason}")
+        raise RagidxError(f"{row['path']} cannot be read now: {document.reason}")
     return document.text, document.content_hash != row["content_hash"]
 
 
@@ -141,7 +149,10 @@ def create_server(index: Index) -> IndexServer:
         if not rows:
             raise ToolError(f"not an indexed document: {path} (search returns the paths the index holds)")
         row = rows[0]
-        text, changed = current_text(row)
+        try:
+            text, changed = current_text(row)
+        except RagidxError as error:
+            raise ToolError(str(error)) from None
         limit = len(text) if end is None else min(end, len(text))
         if start > limit:
             raise ToolError(f"start {start} is past the end ({limit} characters)")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from test_cli import ragidx
 
+from ragidx.app import Index
 from ragidx.indexer import extractors
 from ragidx.indexer.sources import read_document, scan, span_pages
 
@@ -173,20 +174,20 @@ def test_query_finds_the_page_and_spans_point_into_the_extracted_text(tiny_model
     write_docx(corpus / "guide.docx")
     (corpus / "notes.md").write_text("# Notes\n\nNothing about the sea here.\n")
     index = tmp_path / "index"
-    args = ("--index", index)
-    ragidx("build", corpus, "--model", tiny_models["qwen2"], *args, "--chunk-tokens", "24")
-    hits = json.loads(ragidx("query", "kelp forests cold water", *args, "--mode", "lexical", "--json").stdout)
-    top = hits[0]
+    ragidx("build", corpus, "--model", tiny_models["qwen2"], "--index", index, "--chunk-tokens", "24")
+    ask = ("query", "kelp forests cold water", "--index", index, "--mode", "lexical")
+    top = json.loads(ragidx(*ask, "--json").stdout)[0]
     assert (Path(top["path"]).name, top["page"], top["pages"]) == ("tides.pdf", 2, [2])
+    assert " p. 2  Tidal Notes" in ragidx(*ask, "-k", "1").stdout
     text = read_document(pdf).text
-    for hit in hits:
-        if hit["path"] == str(pdf):
-            assert text[hit["span"][0] : hit["span"][1]] == hit["text"]
-    espresso = json.loads(ragidx("query", "grind finer", *args, "--mode", "lexical", "--json").stdout)[0]
-    assert Path(espresso["path"]).name == "guide.docx" and espresso["page"] is None
-    human = ragidx("query", "kelp forests cold water", *args, "--mode", "lexical", "-k", "1").stdout
-    assert "tides.pdf:" in human and " p. 2  Tidal Notes" in human
-    again = ragidx("build", corpus, *args).stdout
+    with Index.open(index) as opened:
+        hits = opened.search("tides lagoons kelp barrages", k=20, mode="lexical")
+        espresso = opened.search("grind finer", mode="lexical")[0]
+    assert {Path(hit.path).name for hit in hits} == {"tides.pdf"} and len(hits) > 1
+    assert all(text[hit.span[0] : hit.span[1]] == hit.text for hit in hits)
+    assert all(hit.pages == span_pages(read_document(pdf).page_starts, *hit.span) for hit in hits)
+    assert Path(espresso.path).name == "guide.docx" and espresso.page is None
+    again = ragidx("build", corpus, "--index", index).stdout
     assert "0 new, 0 updated, 3 unchanged, 0 removed" in again
 
 
@@ -197,10 +198,11 @@ def test_a_real_encoder_finds_the_page_by_meaning(sample_corpus, tmp_path):
     corpus.mkdir()
     write_pdf(corpus / "tides.pdf", [[TIDES, LAGOONS], [KELP]])
     write_docx(corpus / "guide.docx")
-    index = tmp_path / "index"
-    ragidx("build", corpus, sample_corpus, "--model", "minilm", "--index", index, "--chunk-tokens", "24")
-    ask = ("Which seaweed grows quickly in chilly seas?", "--index", index, "--mode", "dense", "--json")
-    top = json.loads(ragidx("query", *ask).stdout)[0]
-    assert (Path(top["path"]).name, top["page"]) == ("tides.pdf", 2), top
-    coffee = json.loads(ragidx("query", "how should I adjust the coffee mill", *ask[1:]).stdout)[0]
-    assert Path(coffee["path"]).name in ("guide.docx", "espresso.rst"), coffee
+    built = Index.build(
+        [corpus, sample_corpus / "notes"], tmp_path / "index", model="minilm", chunk_tokens=24
+    )
+    with built:
+        top = built.search("Which seaweed grows quickly in chilly seas?", mode="dense")[0]
+        coffee = built.search("how should I adjust the coffee mill", mode="dense")[0]
+    assert (Path(top.path).name, top.page) == ("tides.pdf", 2), top
+    assert Path(coffee.path).name in ("guide.docx", "espresso.rst"), coffee

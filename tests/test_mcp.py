@@ -1,17 +1,18 @@
 """`ragidx mcp` end to end: the MCP SDK's own stdio client starts the server as a subprocess,
 lists and calls its tools, reads its resources, and gets tool errors (not a crash) for bad
-arguments. Expected answers come from the CLI (`ragidx query`/`info`) and from re-reading files."""
+arguments. Expected answers come from the Python API in the test's own process and from
+re-reading files."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import pytest
 from test_cli import RAGIDX, child_env, ragidx
 from test_documents import KELP, LAGOONS, TIDES, write_pdf
 
+from ragidx.app import Index
 from ragidx.indexer.sources import read_document
 
 mcp = pytest.importorskip("mcp")
@@ -51,7 +52,7 @@ def structured(result) -> dict:
     return result.structured_content
 
 
-def test_tools_answer_as_the_cli_does(mcp_index):
+def test_tools_answer_as_the_python_api_does(mcp_index):
     query = "kelp forests cold water"
 
     async def script(client) -> dict:
@@ -70,12 +71,12 @@ def test_tools_answer_as_the_cli_does(mcp_index):
     got = session(mcp_index, script)
     assert set(got["tools"]) == {"search", "get_document", "status"}
     assert got["tools"]["search"].annotations.read_only_hint
-    cli_hits = json.loads(
-        ragidx("query", query, "--index", mcp_index, "-k", "3", "--mode", "lexical", "--json").stdout
-    )
+    with Index.open(mcp_index) as opened:  # the same search through the Python API, in this process
+        expected = opened.search(query, k=3, mode="lexical")
+        info = opened.info()
     hits = got["found"]["hits"]
     assert [(h["path"], h["span"], h["score"]) for h in hits] == [
-        (h["path"], h["span"], pytest.approx(h["score"])) for h in cli_hits
+        (h.path, list(h.span), pytest.approx(h.score)) for h in expected
     ]
     top = hits[0]
     assert Path(top["path"]).name == "tides.pdf" and top["page"] == 2 and KELP in top["text"]
@@ -83,7 +84,6 @@ def test_tools_answer_as_the_cli_does(mcp_index):
     assert got["whole"]["text"] == read_document(Path(top["path"])).text
     assert got["whole"]["metadata"]["author"] == "A. Writer" and got["whole"]["next_start"] is None
     assert not got["whole"]["changed_since_indexed"]
-    info = json.loads(ragidx("info", "--index", mcp_index, "--json").stdout)
     status = got["status"]
     assert (status["generation"], status["documents"], status["chunks"]) == (
         info["generation"],
@@ -107,10 +107,7 @@ def test_documents_are_resources(mcp_index):
 
 def test_a_document_edited_since_indexing_is_flagged(mcp_index, mcp_corpus):
     changing = mcp_corpus / "changing.md"
-    path = json.loads(
-        ragidx("query", "edited after", "--index", mcp_index, "--mode", "lexical", "--json").stdout
-    )[0]["path"]
-    assert path == str(changing)
+    path = str(changing)
     changing.write_text("# Changing\n\nEdited.\n")
 
     async def script(client) -> dict:

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli import RAGIDX, child_env, ragidx
+from test_cli import RAGIDX, child_env
 
+from ragidx.app import Index
 from ragidx.indexer.sources import normal_path
 from ragidx.indexer.store import IndexWriter
 from ragidx.indexer.watch import DocumentFilter, Pending
@@ -72,10 +73,11 @@ def changes(report: dict) -> tuple[int, int, int, int]:
     return report["new"], report["updated"], report["unchanged"], report["removed"]
 
 
-def lexical_top(index: Path, text: str) -> dict:
-    return json.loads(
-        ragidx("query", text, "--index", index, "--mode", "lexical", "--json", "-k", "1").stdout
-    )[0]
+def indexed_text(index: Path, path: Path) -> str:
+    """The chunk text stored for one document (the Python API in this process, lexical search)."""
+    with Index.open(index) as opened:
+        hits = opened.search("tidal barrages lagoons turbines", k=10, mode="lexical")
+    return " ".join(hit.text for hit in hits if hit.path == str(path))
 
 
 def small_corpus(sample_corpus: Path, folder: Path) -> Path:
@@ -90,8 +92,8 @@ def test_changes_are_built_once_settled_and_the_watch_stops_cleanly(tiny_models,
     index = corpus / ".ragidx"  # inside the watched folder: its own writes must not trigger builds
     with Watcher(corpus, "--index", index, "--model", tiny_models["qwen2"], "--settle", "1.0") as watcher:
         watch_and_stop(watcher, corpus, index)
-    info = json.loads(ragidx("info", "--index", index, "--json").stdout)
-    assert (info["generation"], info["documents"]) == (4, 4)
+    with Index.open(index) as opened:
+        assert (opened.meta["generation"], opened.reader.counts()["documents"]) == (4, 4)
 
 
 def test_sigterm_stops_the_watch_cleanly(tiny_models, sample_corpus, tmp_path):
@@ -101,12 +103,13 @@ def test_sigterm_stops_the_watch_cleanly(tiny_models, sample_corpus, tmp_path):
         assert changes(watcher.next_build()) == (3, 0, 0, 0)
         code, stderr = watcher.stop(signal.SIGTERM)
     assert code == 0 and stderr.strip().endswith("stopped watching"), stderr
-    assert json.loads(ragidx("info", "--index", index, "--json").stdout)["documents"] == 3
+    with Index.open(index) as opened:
+        assert opened.reader.counts()["documents"] == 3
 
 
 def watch_and_stop(watcher: Watcher, corpus: Path, index: Path) -> None:
     assert changes(watcher.next_build()) == (3, 0, 0, 0)
-    assert watcher.no_build_for(2.0)  # the index's own files changed; nothing to build
+    assert watcher.no_build_for(1.5)  # the index's own files changed; nothing to build
 
     new = corpus / "tides.md"
     with new.open("w") as file:  # written in two parts, 0.5 s apart: settle must wait for both
@@ -117,17 +120,13 @@ def watch_and_stop(watcher: Watcher, corpus: Path, index: Path) -> None:
     (corpus / "notes.tmp").write_text("an unsupported file: no build")
     report = watcher.next_build()
     assert changes(report) == (1, 0, 3, 0) and report["generation"] == 2
-    assert watcher.no_build_for(1.5)  # one build for the whole burst
-    top = lexical_top(index, "lagoons turbines slack water")
-    assert Path(top["path"]).name == "tides.md" and "Tidal barrages" in top["text"] + new.read_text()
-    stored = json.loads(
-        ragidx("query", "tidal barrages dam", "--index", index, "--mode", "lexical", "--json").stdout
-    )
-    assert "".join(hit["text"] for hit in stored if hit["path"] == str(new)).count("Lagoons") >= 1
+    assert watcher.no_build_for(1.2)  # one build for the whole burst
+    stored = indexed_text(index, new)
+    assert "Tidal barrages hold water" in stored and "Lagoons release it through turbines" in stored
 
     with IndexWriter(index):  # another build holds the lock: the change waits for it
         (corpus / "locked.md").write_text("Written while another build held the lock.\n")
-        assert watcher.no_build_for(3.0)
+        assert watcher.no_build_for(2.5)
     assert changes(watcher.next_build())[:3] == (1, 0, 4)
 
     (corpus / next(iter(sorted(p.name for p in corpus.glob("*.md"))))).unlink()
