@@ -355,10 +355,14 @@ def watch(
     options["dtype"] = options["dtype"] or "auto"
     settings = build_options(index_dir, **options)
     signal.signal(signal.SIGTERM, _interrupt)
-    click.echo(f"watching {', '.join(map(str, paths))} (Ctrl-C stops)", err=True)
     try:
         run_watch(
-            list(paths), settings, built, lambda message: click.echo(f"error: {message}", err=True), settle
+            list(paths),
+            settings,
+            built,
+            on_error=lambda message: click.echo(f"error: {message}", err=True),
+            settle=settle,
+            on_start=lambda: click.echo(f"watching {', '.join(map(str, paths))} (Ctrl-C stops)", err=True),
         )
     except KeyboardInterrupt:
         click.echo("stopped watching", err=True)

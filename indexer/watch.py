@@ -81,9 +81,11 @@ def watch(
     on_error: Callable[[str], None],
     settle: float = 1.0,
     stop: threading.Event | None = None,
+    on_start: Callable[[], None] = lambda: None,
 ) -> None:
     """Build once, then again after every settled burst of changes under ``paths``, until
-    ``stop`` is set or Ctrl-C (KeyboardInterrupt, raised to the caller). A build that fails
+    ``stop`` is set or Ctrl-C (KeyboardInterrupt, raised to the caller); ``on_start`` is called
+    once the folders are watched. A build that fails
     (no readable documents, a full disk) is reported through ``on_error`` and the watch goes on;
     one that finds the index locked by another build is made again once that one may be done."""
     loaded: dict[tuple[Any, ...], Any] = {}  # the model, loaded once
@@ -107,6 +109,7 @@ def watch(
 
     stream = _changes(paths, options.index_dir, stop)
     next(stream)  # watching from here on, so nothing that changes during the first build is missed
+    on_start()
     run()
     for changes in stream:
         now = time.monotonic()
