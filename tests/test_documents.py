@@ -179,13 +179,13 @@ def test_query_finds_the_page_and_spans_point_into_the_extracted_text(tiny_model
     top = json.loads(ragidx(*ask, "--json").stdout)[0]
     assert (Path(top["path"]).name, top["page"], top["pages"]) == ("tides.pdf", 2, [2])
     assert " p. 2  Tidal Notes" in ragidx(*ask, "-k", "1").stdout
-    text = read_document(pdf).text
+    extracted = read_document(pdf)
     with Index.open(index) as opened:
         hits = opened.search("tides lagoons kelp barrages", k=20, mode="lexical")
         espresso = opened.search("grind finer", mode="lexical")[0]
     assert {Path(hit.path).name for hit in hits} == {"tides.pdf"} and len(hits) > 1
-    assert all(text[hit.span[0] : hit.span[1]] == hit.text for hit in hits)
-    assert all(hit.pages == span_pages(read_document(pdf).page_starts, *hit.span) for hit in hits)
+    assert all(extracted.text[hit.span[0] : hit.span[1]] == hit.text for hit in hits)
+    assert all(hit.pages == span_pages(extracted.page_starts, *hit.span) for hit in hits)
     assert Path(espresso.path).name == "guide.docx" and espresso.page is None
     again = ragidx("build", corpus, "--index", index).stdout
     assert "0 new, 0 updated, 3 unchanged, 0 removed" in again
