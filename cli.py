@@ -51,67 +51,79 @@ def _device_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return _device_option(command)
 
 
+# Options that only some strategies take (the strategy refuses the ones it does not): the
+# declarations, (flag, click keyword arguments), shared by build/embed and by eval's sweeps.
+STRATEGY_OPTION_SPECS: list[tuple[str, dict[str, Any]]] = [
+    (
+        "--prompt",
+        {
+            "help": "Prompt: futureeol|prompteol|none (value aggregation); prompteol|cot|knowledge or a "
+            "'+'-joined set such as cot+knowledge (cp)."
+        },
+    ),
+    ("--layers", {"help": "Layer set, 0-based, e.g. 20-27 or 26,27,29."}),
+    ("--query-instruction", {"help": "Text placed before each query inside its template."}),
+    ("--normalize-layers", {"is_flag": True, "help": "L2-normalise each layer before averaging."}),
+    ("--rewire", {"help": "htp/tp: rewire before layers START..STOP-1, e.g. 1-7 (1-1: none)."}),
+    ("--exit-layer", {"type": int, "help": "htp/tp: layer whose output is read (-2: second to last)."}),
+    ("--block-sentences", {"type": click.IntRange(min=1), "help": "htp: sentences per block."}),
+    (
+        "--placeholder-init",
+        {"type": click.Choice(["mean", "randn"]), "help": "htp/tp: embedding rows of <PST>/<B-PST>."},
+    ),
+    ("--pool", {"type": click.Choice(["mean", "last"]), "help": "tp: readout pooling."}),
+    (
+        "--sink",
+        {
+            "type": click.Choice(["auto", "bos", "eos", "none"]),
+            "help": "htp/tp: token put first when the tokenizer adds none (auto: its BOS, else EOS).",
+        },
+    ),
+    ("--icl-demo", {"help": 'prompteol: one demonstration, "SENTENCE=>WORD".'}),
+    ("--aux-prompt", {"help": "cp: auxiliary template ({text} slot)."}),
+    ("--cp-layer", {"type": int, "help": "cp: intervention layer l."}),
+    ("--cp-mode", {"type": click.Choice(["ns", "nr"]), "help": "cp: norm scaling or recovering."}),
+    ("--cp-alpha", {"type": float, "help": "cp: scaling factor of ns."}),
+    ("--output-layer", {"type": int, "help": "cp: layer whose last token is read."}),
+    (
+        "--kv-bias",
+        {
+            "type": float,
+            "help": "kv-embedding: logit bias of the re-routed prefix (default 1.0; -inf: no re-routing).",
+        },
+    ),
+]
+
+
 def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Options that only some strategies take; the strategy refuses the ones it does not."""
-    options = [
-        click.option(
-            "--prompt",
-            default=None,
-            help="Prompt: futureeol|prompteol|none (value aggregation); prompteol|cot|knowledge or a "
-            "'+'-joined set such as cot+knowledge (cp).",
-        ),
-        click.option("--layers", default=None, help="Layer set, 0-based, e.g. 20-27 or 26,27,29."),
-        click.option(
-            "--query-instruction", default=None, help="Text placed before each query inside its template."
-        ),
-        click.option(
-            "--normalize-layers", is_flag=True, default=None, help="L2-normalise each layer before averaging."
-        ),
-        click.option(
-            "--rewire", default=None, help="htp/tp: rewire before layers START..STOP-1, e.g. 1-7 (1-1: none)."
-        ),
-        click.option(
-            "--exit-layer",
-            type=int,
-            default=None,
-            help="htp/tp: layer whose output is read (-2: second to last).",
-        ),
-        click.option(
-            "--block-sentences", type=click.IntRange(min=1), default=None, help="htp: sentences per block."
-        ),
-        click.option(
-            "--placeholder-init",
-            type=click.Choice(["mean", "randn"]),
-            default=None,
-            help="htp/tp: embedding rows of <PST>/<B-PST>.",
-        ),
-        click.option(
-            "--pool", type=click.Choice(["mean", "last"]), default=None, help="tp: readout pooling."
-        ),
-        click.option(
-            "--sink",
-            type=click.Choice(["auto", "bos", "eos", "none"]),
-            default=None,
-            help="htp/tp: token put first when the tokenizer adds none (auto: its BOS, else EOS).",
-        ),
-        click.option("--icl-demo", default=None, help='prompteol: one demonstration, "SENTENCE=>WORD".'),
-        click.option("--aux-prompt", default=None, help="cp: auxiliary template ({text} slot)."),
-        click.option("--cp-layer", type=int, default=None, help="cp: intervention layer l."),
-        click.option(
-            "--cp-mode", type=click.Choice(["ns", "nr"]), default=None, help="cp: norm scaling or recovering."
-        ),
-        click.option("--cp-alpha", type=float, default=None, help="cp: scaling factor of ns."),
-        click.option("--output-layer", type=int, default=None, help="cp: layer whose last token is read."),
-        click.option(
-            "--kv-bias",
-            type=float,
-            default=None,
-            help="kv-embedding: logit bias of the re-routed prefix (default 1.0; -inf: no re-routing).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
+    """The strategy options, each taking one value."""
+    for flag, settings in reversed(STRATEGY_OPTION_SPECS):
+        command = click.option(flag, default=None, **settings)(command)
     return command
+
+
+def _swept_strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The strategy options for ``eval``: each may be repeated, and every combination of the
+    repeated values becomes a row (a flag applies to every row)."""
+    for flag, settings in reversed(STRATEGY_OPTION_SPECS):
+        if settings.get("is_flag"):
+            command = click.option(flag, default=None, **settings)(command)
+        else:
+            sweep = {**settings, "help": settings["help"] + " Repeat to sweep."}
+            command = click.option(flag, multiple=True, **sweep)(command)
+    return command
+
+
+def _sweeps(options: dict[str, Any]) -> dict[str, list[Any]]:
+    """Pop ``eval``'s strategy options out of a command's keyword arguments as value lists."""
+    from ragidx.indexer.pipeline import split_strategy_options
+
+    given = split_strategy_options(options)
+    return {
+        name: list(value) if isinstance(value, tuple) else [value]
+        for name, value in given.items()
+        if value != ()
+    }
 
 
 def _search_parameter_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -647,6 +659,39 @@ def _names(value: str | None) -> list[str | None]:
     return [name.strip() for name in value.split(",") if name.strip()] if value else [None]
 
 
+def _json_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--json",
+        "json_target",
+        is_flag=False,
+        flag_value="-",
+        default=None,
+        metavar="[FILE]",
+        help="Write the report as JSON to FILE, or alone: print it instead of the table.",
+    )(command)
+
+
+def _plot_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--plot", type=click.Path(path_type=Path), default=None, help="Draw the rows to a PNG file."
+    )(command)
+
+
+def _report_json(report: Any, target: str | None) -> bool:
+    """Write ``report`` as JSON where ``--json`` says; True when it went to stdout (no table then)."""
+    if target is None:
+        return False
+    text = json.dumps(report.to_dict(), indent=2, ensure_ascii=False)
+    if target == "-":
+        click.echo(text)
+        return True
+    try:
+        Path(target).write_text(text + "\n", encoding="utf-8")
+    except OSError as error:
+        raise RagidxError(f"cannot write the report to {target}: {error.strerror or error}") from None
+    return False
+
+
 @evaluate.command(name="retrieval")
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--split", default="test", show_default=True, help="qrels/<split>.tsv to score against.")
@@ -668,8 +713,9 @@ def _names(value: str | None) -> list[str | None]:
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @_index_option
 @_device_options
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report.")
-@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Draw the metrics to a PNG file.")
+@_swept_strategy_options
+@_json_option
+@_plot_option
 def eval_retrieval(
     directory: Path,
     split: str,
@@ -684,15 +730,23 @@ def eval_retrieval(
     index_dir: Path | None,
     device: str,
     dtype: str | None,
-    json_path: Path | None,
+    json_target: str | None,
     plot: Path | None,
+    **options: Any,
 ) -> None:
     """nDCG@10, Recall@10/100 and MRR@10 of each strategy and mode on a BEIR-layout DIRECTORY.
 
-    Each strategy gets a temporary index of the corpus; with --index DIR the index there is
-    reused if it exists, and otherwise built there and kept.
+    Each strategy (and each combination of repeated strategy options) gets a temporary index of
+    the corpus; with --index DIR the index there is reused if it exists, and otherwise built
+    there and kept.
     """
-    from ragidx.indexer.evaluation import EVAL_MODES, evaluate_retrieval, load_beir, subsample
+    from ragidx.indexer.evaluation import (
+        EVAL_MODES,
+        evaluate_retrieval,
+        expand_variants,
+        load_beir,
+        subsample,
+    )
     from ragidx.indexer.pipeline import BuildOptions
     from ragidx.indexer.tuning import TuningReport
 
@@ -702,11 +756,11 @@ def eval_retrieval(
         raise RagidxError(
             f"unknown mode {', '.join(unknown) or modes!r}: choose from {', '.join(EVAL_MODES)}"
         )
-    strategies = _names(strategy)
-    if index_dir and len(strategies) > 1:
-        raise RagidxError("--index holds one strategy's index: give one --strategy with it")
+    variants = expand_variants(_names(strategy), _sweeps(options))
+    if index_dir and len(variants) > 1:
+        raise RagidxError("--index holds one strategy's index: give one --strategy (and no sweep) with it")
     dataset = subsample(load_beir(directory, split), max_docs, max_queries)
-    options = BuildOptions(
+    settings = BuildOptions(
         model=model,
         device=device,
         dtype=dtype or "auto",
@@ -714,30 +768,31 @@ def eval_retrieval(
         max_length=max_length,
         batch_size=batch_size,
     )
-    report = evaluate_retrieval(dataset, split, strategies, mode_list, options, index_dir)
-    if json_path:
-        json_path.write_text(json.dumps(report.to_dict(), indent=2), encoding="utf-8")
+    report = evaluate_retrieval(dataset, split, variants, mode_list, settings, index_dir)
     if plot:
         from ragidx.indexer.plots import plot_retrieval
 
         plot_retrieval(report, plot)
+    if _report_json(report, json_target):
+        return
     click.echo(
         f"{report.dataset} ({report.split}): {report.queries} queries, {report.documents} documents, "
         f"model {report.model}"
     )
+    width = max([14, *(len(row.label) + 2 for row in report.rows)])
     click.echo(
-        f"{'strategy':<14}{'mode':<14}{'nDCG@10':>8}{'R@10':>8}{'R@100':>8}{'MRR@10':>8}"
+        f"{'strategy':<{width}}{'mode':<14}{'nDCG@10':>8}{'R@10':>8}{'R@100':>8}{'MRR@10':>8}"
         f"{'build s':>9}{'ms/query':>10}"
     )
     for row in report.rows:
         m = row.metrics
         click.echo(
-            f"{row.strategy:<14}{row.mode:<14}{m['ndcg@10']:>8.4f}{m['recall@10']:>8.4f}"
+            f"{row.label:<{width}}{row.mode:<14}{m['ndcg@10']:>8.4f}{m['recall@10']:>8.4f}"
             f"{m['recall@100']:>8.4f}{m['mrr@10']:>8.4f}{row.build_seconds:>9.1f}{row.query_ms:>10.1f}"
         )
-    for strategy_name, fusion in report.fusion.items():
+    for label, fusion in report.fusion.items():
         if fusion and "hybrid" in mode_list:
-            click.echo(f"{strategy_name}: {TuningReport.from_meta(fusion).describe()}")
+            click.echo(f"{label}: {TuningReport.from_meta(fusion).describe()}")
 
 
 @evaluate.command(name="sts")
@@ -746,8 +801,9 @@ def eval_retrieval(
 @_model_option
 @click.option("--max-pairs", type=click.IntRange(min=2), default=None, help="Use only the first N pairs.")
 @_device_options
-@_strategy_options
-@click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
+@_swept_strategy_options
+@_json_option
+@_plot_option
 def eval_sts(
     path: Path,
     strategy: str | None,
@@ -755,29 +811,29 @@ def eval_sts(
     max_pairs: int | None,
     device: str,
     dtype: str | None,
-    as_json: bool,
+    json_target: str | None,
+    plot: Path | None,
     **options: Any,
 ) -> None:
     """Spearman x 100 between vector cosine and gold similarity on an STS-B or SICK file."""
-    from ragidx.indexer.evaluation import evaluate_sts, load_sts
+    from ragidx.indexer.evaluation import evaluate_sts_variants, expand_variants, load_sts
     from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.strategies import bfloat16_ok, create_strategy, default_strategy_name
+    from ragidx.indexer.strategies import bfloat16_ok
 
     pairs = load_sts(path, max_pairs)
+    variants = expand_variants(_names(strategy), _sweeps(options))
     runtime = load_runtime(model, device, dtype or "auto", bfloat16_ok=bfloat16_ok(_names(strategy)))
-    strategy_options = _given_strategy_options(options)
-    rows = []
-    for name in _names(strategy):
-        name = name or default_strategy_name(runtime)
-        started = time.perf_counter()
-        score = evaluate_sts(pairs, create_strategy(name, runtime, **strategy_options))
-        rows.append({"strategy": name, "spearman": score, "seconds": time.perf_counter() - started})
-    if as_json:
-        _print_json({"file": str(path), "pairs": len(pairs.gold), "model": runtime.model_id, "rows": rows})
+    report = evaluate_sts_variants(path, pairs, runtime, variants)
+    if plot:
+        from ragidx.indexer.plots import plot_sts
+
+        plot_sts(report, plot)
+    if _report_json(report, json_target):
         return
-    click.echo(f"{path.name}: {len(pairs.gold)} pairs, model {runtime.model_id}")
-    for row in rows:
-        click.echo(f"{row['strategy']:<14}Spearman x 100 = {row['spearman']:6.2f}   ({row['seconds']:.1f} s)")
+    click.echo(f"{path.name}: {report.pairs} pairs, model {report.model}")
+    width = max([14, *(len(row.label) + 2 for row in report.rows)])
+    for row in report.rows:
+        click.echo(f"{row.label:<{width}}Spearman x 100 = {row.spearman:6.2f}   ({row.seconds:.1f} s)")
 
 
 @cli.command()

@@ -7,12 +7,13 @@ Retrieval goes through the product's own path (documents written as files, ``bui
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -31,6 +32,47 @@ EVAL_MODES: dict[str, tuple[str, Fusion | None]] = {
     "hybrid-equal": ("hybrid", Fusion()),
     "hybrid": ("hybrid", None),
 }
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row group of an eval: a strategy (``None``: the model's default) with given options."""
+
+    strategy: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def label(self, strategy: str | None = None) -> str:
+        """``htp`` or ``htp rewire=1-5 exit_layer=-4``: the strategy and the options it was given."""
+        given = " ".join(f"{key}={_shown(value)}" for key, value in self.options.items())
+        return " ".join(part for part in (strategy or self.strategy or "default", given) if part)
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+
+def expand_variants(strategies: Sequence[str | None], sweeps: Mapping[str, Sequence[Any]]) -> list[Variant]:
+    """Every strategy with every combination of the swept option values it takes.
+
+    An option is applied to the strategies that take it (a baseline listed beside a swept
+    strategy runs once, as it is); one that no listed strategy takes is refused.
+    """
+    from ragidx.indexer.strategies import strategy_class
+
+    sweeps = {name: list(values) for name, values in sweeps.items() if values}
+    if sweeps and None in strategies:
+        raise RagidxError("name the strategies (--strategy) whose options are given")
+    takes = {name: strategy_class(name).options for name in strategies if name}
+    unused = sorted(option for option in sweeps if not any(option in opts for opts in takes.values()))
+    if unused:
+        flags = ", ".join("--" + option.replace("_", "-") for option in unused)
+        raise RagidxError(f"{flags} does not apply to strategy {', '.join(map(str, takes))}")
+    variants = []
+    for name in strategies:
+        own = {option: values for option, values in sweeps.items() if name and option in takes[name]}
+        for combination in itertools.product(*own.values()):
+            variants.append(Variant(name, dict(zip(own, combination, strict=True))))
+    return variants
 
 
 @dataclass(frozen=True)
@@ -129,10 +171,14 @@ class RetrievalRow:
     metrics: dict[str, float]
     build_seconds: float
     query_ms: float
+    options: dict[str, Any] = field(default_factory=dict)  # the variant's given strategy options
+    label: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy,
+            "options": self.options,
+            "label": self.label,
             "mode": self.mode,
             **self.metrics,
             "build_seconds": self.build_seconds,
@@ -148,7 +194,7 @@ class RetrievalReport:
     queries: int
     model: str
     rows: list[RetrievalRow] = field(default_factory=list)
-    fusion: dict[str, Any] = field(default_factory=dict)  # strategy -> its index's tuned weights
+    fusion: dict[str, Any] = field(default_factory=dict)  # variant label -> its index's tuned weights
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -180,32 +226,36 @@ def rank_documents(index: Any, queries: Sequence[str], mode: str) -> list[list[t
 
 
 def evaluate_index(
-    index: Any, dataset: BeirDataset, strategy: str, modes: Sequence[str], build_seconds: float
+    index: Any, dataset: BeirDataset, variant: Variant, modes: Sequence[str], build_seconds: float
 ) -> list[RetrievalRow]:
     query_ids = list(dataset.queries)
     texts = [dataset.queries[q] for q in query_ids]
+    name = index.meta["strategy"]
     rows = []
     for mode in modes:
         started = time.perf_counter()
         rankings = rank_documents(index, texts, mode)
         query_ms = 1000 * (time.perf_counter() - started) / max(len(texts), 1)
         metrics = mean_retrieval_metrics(dict(zip(query_ids, rankings, strict=True)), dataset.qrels)
-        rows.append(RetrievalRow(strategy, mode, metrics, build_seconds, query_ms))
+        rows.append(
+            RetrievalRow(name, mode, metrics, build_seconds, query_ms, variant.options, variant.label(name))
+        )
     return rows
 
 
 def evaluate_retrieval(
     dataset: BeirDataset,
     split: str,
-    strategies: Sequence[str | None],
+    variants: Sequence[Variant | str | None],
     modes: Sequence[str],
     options: Any,
     index_dir: Path | None = None,
 ) -> RetrievalReport:
-    """Build (or reuse ``index_dir``) an index of the corpus per strategy and score every query.
+    """Build (or reuse ``index_dir``) an index of the corpus per variant and score every query.
 
-    ``options`` is a :class:`~ragidx.indexer.pipeline.BuildOptions` template; its strategy and
-    index folder are set per run.
+    ``options`` is a :class:`~ragidx.indexer.pipeline.BuildOptions` template; its strategy, its
+    strategy options and the index folder are set per variant (a plain name is a variant
+    without options).
     """
     from ragidx.app import Index
     from ragidx.indexer.pipeline import build
@@ -215,19 +265,28 @@ def evaluate_retrieval(
     report = RetrievalReport(dataset.name, split, len(dataset.corpus), len(dataset.queries), model)
     with tempfile.TemporaryDirectory(prefix="ragidx-eval-") as scratch:
         documents = Path(scratch) / "documents"
-        for strategy in strategies:
-            target = index_dir or Path(scratch) / f"index-{strategy}"
+        for number, variant in enumerate(v if isinstance(v, Variant) else Variant(v) for v in variants):
+            target = index_dir or Path(scratch) / f"index-{number}"
             build_seconds = 0.0
             if not (index_dir and (index_dir / "ragidx.db").is_file()):
                 if not documents.exists():
                     write_corpus(dataset, documents)
                 started = time.perf_counter()
-                build([documents], replace(options, strategy=strategy, index_dir=target))
+                strategy_options = {**options.strategy_options, **variant.options}
+                settings = replace(
+                    options,
+                    strategy=variant.strategy,
+                    strategy_options=strategy_options,
+                    index_dir=target,
+                    # Only the tuned hybrid mode reads the weights; a kept index (--index) gets them.
+                    tune=options.tune and ("hybrid" in modes or index_dir is not None),
+                )
+                build([documents], settings)
                 build_seconds = time.perf_counter() - started
             with Index.open(target, device=options.device, dtype=None) as index:
-                name = index.meta["strategy"]
-                report.fusion[name] = index.meta.get("fusion")
-                report.rows.extend(evaluate_index(index, dataset, name, modes, build_seconds))
+                rows = evaluate_index(index, dataset, variant, modes, build_seconds)
+                report.fusion[rows[0].label if rows else variant.label()] = index.meta.get("fusion")
+                report.rows.extend(rows)
     return report
 
 
@@ -270,12 +329,54 @@ def load_sts(path: Path, max_pairs: int | None = None) -> SimilarityPairs:
     return pairs
 
 
-def evaluate_sts(pairs: SimilarityPairs, strategy: Any) -> float:
+def evaluate_sts(
+    pairs: SimilarityPairs, strategy: Any, progress: Callable[[int, int], None] | None = None
+) -> float:
     """Spearman × 100 between the cosine of the two sentences' vectors and the gold scores.
 
     Both sentences are embedded as documents: the task is symmetric, and a query template would
-    make one side differ from the other for no reason.
+    make one side differ from the other for no reason. ``progress(texts, tokens)`` is called
+    after each batch.
     """
-    first = strategy.encode(pairs.first, "document")
-    second = strategy.encode(pairs.second, "document")
+    first = strategy.encode(pairs.first, "document", progress)
+    second = strategy.encode(pairs.second, "document", progress)
     return 100.0 * spearman((first * second).sum(axis=1).tolist(), pairs.gold)
+
+
+@dataclass
+class StsRow:
+    strategy: str
+    options: dict[str, Any]
+    label: str
+    spearman: float
+    seconds: float
+
+
+@dataclass
+class StsReport:
+    file: str
+    pairs: int
+    model: str
+    rows: list[StsRow] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate_sts_variants(
+    path: Path, pairs: SimilarityPairs, runtime: Any, variants: Sequence[Variant], progress: bool = True
+) -> StsReport:
+    """Spearman × 100 of each variant, all on one loaded model, with a bar over the texts."""
+    from ragidx.indexer.progress import progress as progress_bar
+    from ragidx.indexer.strategies import create_strategy, default_strategy_name
+
+    report = StsReport(str(path), len(pairs.gold), runtime.model_id)
+    for variant in variants:
+        name = variant.strategy or default_strategy_name(runtime)
+        label = variant.label(name)
+        started = time.perf_counter()
+        strategy = create_strategy(name, runtime, **variant.options)
+        with progress_bar(2 * len(pairs.gold), label, "texts", progress) as bar:
+            score = evaluate_sts(pairs, strategy, lambda texts, tokens: bar.update(texts))
+        report.rows.append(StsRow(name, variant.options, label, score, time.perf_counter() - started))
+    return report

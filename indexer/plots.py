@@ -9,7 +9,7 @@ from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
     from ragidx.indexer.calibration import Calibration
-    from ragidx.indexer.evaluation import RetrievalReport
+    from ragidx.indexer.evaluation import RetrievalReport, StsReport
 
 
 def _pyplot() -> Any:
@@ -63,7 +63,7 @@ def plot_retrieval(report: RetrievalReport, path: Path) -> None:
     from ragidx.indexer.metrics import RETRIEVAL_METRICS
 
     plt = _pyplot()
-    labels = [f"{row.strategy}\n{row.mode}" for row in report.rows]
+    labels = [f"{row.label or row.strategy}\n{row.mode}" for row in report.rows]
     figure, panels = plt.subplots(1, len(RETRIEVAL_METRICS), figsize=(3.2 * len(RETRIEVAL_METRICS), 3.6))
     for axes, metric in zip(panels, RETRIEVAL_METRICS, strict=True):
         values = [row.metrics[metric] for row in report.rows]
@@ -77,4 +77,21 @@ def plot_retrieval(report: RetrievalReport, path: Path) -> None:
         f"{Path(report.model).name}",
         fontsize=10,
     )
+    _save(figure, plt, path)
+
+
+def plot_sts(report: StsReport, path: Path) -> None:
+    """One bar per strategy and option combination (a sweep reads left to right in its order)."""
+    plt = _pyplot()
+    values = [row.spearman for row in report.rows]
+    figure, axes = plt.subplots(figsize=(max(4.0, 0.7 * len(values) + 2), 3.8))
+    bars = axes.bar(range(len(values)), values, color="tab:blue")
+    axes.bar_label(bars, fmt="%.1f", fontsize=7)
+    axes.set_xticks(
+        range(len(values)), [row.label for row in report.rows], fontsize=7, rotation=45, ha="right"
+    )
+    axes.axhline(0, color="black", linewidth=0.6)
+    axes.set_ylim(min(0.0, *values) - 5, 100)
+    axes.set_ylabel("Spearman x 100")
+    axes.set_title(f"{Path(report.file).name}: {report.pairs} pairs, {Path(report.model).name}", fontsize=10)
     _save(figure, plt, path)

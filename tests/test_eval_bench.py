@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_cli import assert_one_line_error, ragidx
 
@@ -132,6 +133,71 @@ def test_sts_formats_and_score(tmp_path, tiny_models):
         a = strategy.encode([r[0] for r in rows])
         b = strategy.encode([r[1] for r in rows])
         assert row["spearman"] == pytest.approx(100 * spearman((a * b).sum(1), [r[2] for r in rows]))
+
+
+@pytest.fixture(scope="module")
+def stsb(tmp_path_factory) -> tuple[Path, list[tuple[str, str, float]]]:
+    """A small STS-B-layout file of pairs written for the tests."""
+    rows = [
+        ("A man is dancing on a stage.", "A man dances.", 4.8),
+        ("A dog runs in the park.", "Stocks fell.", 0.2),
+        ("Kids play in the yard. They laugh.", "Children are playing.", 4.1),
+        ("Rain falls.", "It is raining.", 3.9),
+        ("A cat sleeps.", "The train left early.", 0.4),
+        ("She cooks pasta.", "A woman is cooking.", 3.2),
+    ]
+    path = tmp_path_factory.mktemp("sts") / "sts.csv"
+    lines = "".join(f"main\tx\t2012\t{i}\t{s}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(rows))
+    path.write_text(lines, encoding="utf-8")
+    return path, rows
+
+
+def test_eval_sts_sweeps_repeated_options_row_by_row(stsb, tiny_models, tmp_path):
+    """``--rewire`` twice: one htp row per value, mean once (it takes no --rewire), each equal to
+    that strategy built with that value alone; --json FILE writes what --json prints."""
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy
+
+    path, rows = stsb
+    report_path, plot = tmp_path / "sts.json", tmp_path / "sts.png"
+    args = ("eval", "sts", path, "--model", tiny_models["llama"], "--strategy", "mean,htp", "--rewire", "1-1",
+            "--rewire", "1-3", "--exit-layer", "-1", "--device", "cpu", "--dtype", "float32")  # fmt: skip
+    printed = json.loads(ragidx(*args, "--json").stdout)
+    result = ragidx(*args, "--json", report_path, "--plot", plot)
+    written = json.loads(report_path.read_text())
+    for report in (written, printed):
+        for row in report["rows"]:
+            row.pop("seconds")
+    assert written == printed
+    assert [row["label"] for row in printed["rows"]] == [
+        "mean", "htp rewire=1-1 exit_layer=-1", "htp rewire=1-3 exit_layer=-1"
+    ]  # fmt: skip
+    assert "htp rewire=1-3 exit_layer=-1" in result.stdout and plot.read_bytes()[:4] == b"\x89PNG"
+    runtime = load_runtime(str(tiny_models["llama"]), device="cpu", dtype="float32")
+    firsts = []
+    for row in printed["rows"]:
+        strategy = create_strategy(row["strategy"], runtime, **row["options"])
+        a, b = strategy.encode([r[0] for r in rows]), strategy.encode([r[1] for r in rows])
+        assert row["spearman"] == pytest.approx(100 * spearman((a * b).sum(1), [r[2] for r in rows]))
+        firsts.append(a)
+    assert np.abs(firsts[1] - firsts[2]).max() > 1e-3  # the swept values give different vectors
+    model = tiny_models["llama"]
+    unused = ragidx(
+        "eval", "sts", path, "--model", model, "--strategy", "mean", "--layers", "1-2", check=False
+    )
+    assert_one_line_error(unused, r"--layers does not apply to strategy mean")
+
+
+def test_eval_retrieval_sweeps_and_prints_json(beir, tiny_models):
+    """A swept retrieval eval builds one index per value; ``--json`` alone prints the report."""
+    args = ("eval", "retrieval", beir, "--model", tiny_models["llama"], "--strategy", "aligned-wva", "--mode",
+            "dense", "--layers", "1", "--layers", "4-5", "--json")  # fmt: skip
+    report = json.loads(ragidx(*args).stdout)
+    assert [(r["label"], r["options"]) for r in report["rows"]] == [
+        ("aligned-wva layers=1", {"layers": "1"}), ("aligned-wva layers=4-5", {"layers": "4-5"})
+    ]  # fmt: skip
+    assert report["rows"][0]["ndcg@10"] != report["rows"][1]["ndcg@10"]
+    assert set(report["fusion"]) == {"aligned-wva layers=1", "aligned-wva layers=4-5"}
 
 
 def test_bench_reports_layers_and_counted_flops(tiny_models):
