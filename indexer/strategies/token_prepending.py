@@ -202,22 +202,30 @@ class TokenPrepending(Strategy):
         """Mean over each text's own tokens: no template, no placeholders."""
         return mean_of_positions(states, batch, rows)
 
-    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
+    def layer_readings(
+        self, batch: Batch, rows: Sequence[PreparedText], exits: Sequence[int]
+    ) -> list[torch.Tensor]:
+        """The readout as if each of ``exits`` were the exit layer, from one forward pass (a layer
+        never sees rewiring after it, so each equals its own early-exit run)."""
         prepended: list[PrependedText] = list(rows)  # type: ignore[arg-type]
         self.placeholders.apply(self.runtime.model)
         rewiring = Rewiring(prepended, batch.input_ids.device)
         start, stop = self.window
         layers = self.runtime.arch.layers
         with contextlib.ExitStack() as stack:
-            for layer in range(start, min(stop, self.exit_layer + 1)):
+            for layer in range(start, min(stop, max(exits) + 1)):
                 stack.callback(layers[layer].register_forward_pre_hook(rewiring).remove)
-            reading = stack.enter_context(
-                self.runtime.capture(
-                    layers[self.exit_layer], lambda states: self.pool(states, batch, prepended)
+            readings = [
+                stack.enter_context(
+                    self.runtime.capture(layers[exit], lambda states: self.pool(states, batch, prepended))
                 )
-            )
-            self.runtime.forward(batch, stop_after=self.exit_layer)
-        return reading[0]
+                for exit in exits
+            ]
+            self.runtime.forward(batch, stop_after=max(exits))
+        return [reading[0] for reading in readings]
+
+    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
+        return self.layer_readings(batch, rows, [self.exit_layer])[0]
 
 
 class HierarchicalTokenPrepending(TokenPrepending):

@@ -112,7 +112,9 @@ class ValueAggregation(Strategy):
         """One vector per row from the module's [batch, tokens, dim] tensor."""
         return last_real_token(states, batch)
 
-    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
+    def layer_readings(self, batch: Batch, layers: Sequence[int]) -> torch.Tensor:
+        """Each of ``layers``' reading of the batch from one forward pass, shape [layers, rows, dim]
+        (the layer-set sweep of tests/benchmarks/layer_sweep.py reads them all at once)."""
         import torch
 
         with contextlib.ExitStack() as stack:
@@ -122,10 +124,15 @@ class ValueAggregation(Strategy):
                         self.module(layer), lambda t: self.reduce(t, batch), inputs=self.reads_module_input
                     )
                 )
-                for layer in self.layers
+                for layer in layers
             ]
-            self.runtime.forward(batch, stop_after=max(self.layers))
-        per_layer = torch.stack([reading[0] for reading in readings])
+            self.runtime.forward(batch, stop_after=max(layers))
+        return torch.stack([reading[0] for reading in readings])
+
+    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
+        import torch
+
+        per_layer = self.layer_readings(batch, self.layers)
         if self.normalize_layers:
             per_layer = torch.nn.functional.normalize(per_layer, dim=-1)
         return per_layer.mean(dim=0)

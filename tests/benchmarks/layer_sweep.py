@@ -1,0 +1,151 @@
+"""Which layers to read on a real model: every layer's readout from one pass, scored on dev data.
+
+Usage: python tests/benchmarks/layer_sweep.py --model smollm2 --strategy aligned-wva
+       [--docs 500] [--queries 200] [--pairs 400] [--dtype auto] [--json FILE] [OPTION=VALUE ...]
+
+For the value-aggregation strategies (``aligned-wva``, ``wva``, ``va``) each layer's reading is
+the strategy's own with S = {that layer}, and a band [a, b] averages those readings (no per-layer
+normalisation), exactly as ``--layers a-b`` would. For ``htp``/``tp`` each layer is the exit layer
+(the rewiring window fixed; a layer never sees rewiring after it, so one pass serves all). Every
+reading is scored by dense nDCG@10 on a SciFact train subsample (chunks as ``ragidx build`` cuts
+them, a document scored by its best chunk, queries in the query template) and by Spearman x 100
+on STS-B train pairs (both sides as documents, as ``ragidx eval sts``). STS-B *train* and SciFact
+*train* are used so that the dev figures reported in the README stay untouched by the choice.
+Prints one row per layer, then the best contiguous bands and the relative-depth defaults.
+Extra OPTION=VALUE pairs go to the strategy (e.g. ``rewire=1-1``: no rewiring, i.e. plain mean
+pooling of that layer over the text's own tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from test_real_model import EVAL_DATA
+
+VALUE_AGGREGATION = ("aligned-wva", "wva", "va")
+
+
+def per_layer_vectors(strategy, texts, role, sentences=None) -> np.ndarray:
+    """[layers, texts, dim] raw (un-normalised) readings of every layer for ``texts``."""
+    import torch
+
+    layers = list(range(strategy.runtime.arch.num_layers))
+    prepared = strategy.prepare(texts, role, sentences)
+    out = None
+    sequences = [row.ids for row in prepared]
+    done = 0
+    for batch in strategy.runtime.batches(sequences, strategy.batch.max_rows, strategy.batch.max_tokens):
+        rows = [prepared[i] for i in batch.indices]
+        if strategy.name in VALUE_AGGREGATION:
+            stacked = strategy.layer_readings(batch, layers)
+        else:
+            stacked = torch.stack(strategy.layer_readings(batch, rows, layers))
+        readings = stacked.float().cpu().numpy()
+        if out is None:
+            out = np.zeros((len(layers), len(texts), readings.shape[-1]), dtype=np.float32)
+        out[:, batch.indices] = readings
+        done += len(batch.indices)
+        print(f"\r{role}s: {done}/{len(texts)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return out
+
+
+def normalised(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+
+
+def retrieval_ndcg(chunks: np.ndarray, owners: Sequence[str], queries: np.ndarray, dataset) -> float:
+    from ragidx.indexer.metrics import mean_retrieval_metrics
+
+    scores = normalised(queries) @ normalised(chunks).T
+    documents = sorted(set(owners))
+    column = {doc: i for i, doc in enumerate(documents)}
+    best = np.full((len(queries), len(documents)), -np.inf, dtype=np.float32)
+    owner_index = np.array([column[o] for o in owners])
+    for chunk in range(scores.shape[1]):
+        np.maximum(best[:, owner_index[chunk]], scores[:, chunk], out=best[:, owner_index[chunk]])
+    rankings = {
+        q: list(zip(documents, map(float, row), strict=True))
+        for q, row in zip(dataset.queries, best, strict=True)
+    }
+    return mean_retrieval_metrics(rankings, dataset.qrels)["ndcg@10"]
+
+
+def sts_spearman(first: np.ndarray, second: np.ndarray, gold: Sequence[float]) -> float:
+    from ragidx.indexer.metrics import spearman
+
+    return 100 * spearman((normalised(first) * normalised(second)).sum(axis=-1).tolist(), list(gold))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--strategy", default="aligned-wva")
+    parser.add_argument("--docs", type=int, default=500)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--pairs", type=int, default=400)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("options", nargs="*", help="OPTION=VALUE for the strategy")
+    args = parser.parse_args()
+    from ragidx.indexer.chunking import Chunker
+    from ragidx.indexer.evaluation import document_text, load_beir, load_sts, subsample
+    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.strategies import bfloat16_ok, create_strategy, strategy_class
+
+    options = dict(option.split("=", 1) for option in args.options)
+    runtime = load_runtime(args.model, "cpu", args.dtype, bfloat16_ok=bfloat16_ok([args.strategy]))
+    strategy = create_strategy(args.strategy, runtime, **options)
+    num_layers = runtime.arch.num_layers
+    dataset = subsample(load_beir(EVAL_DATA / "scifact", "train"), args.docs, args.queries)
+    chunker = Chunker(runtime.tokenizer, strategy_class(args.strategy).default_chunk_tokens, 1, None)
+    texts, owners, sentences = [], [], []
+    for doc, (title, text) in dataset.corpus.items():
+        for chunk in chunker.chunk(document_text(title, text)):
+            texts.append(chunk.text)
+            owners.append(doc)
+            sentences.append([(start - chunk.start, end - chunk.start) for start, end in chunk.sentences])
+    pairs = load_sts(EVAL_DATA / "stsb" / "sts-train.csv", args.pairs)
+    sizes = f"{len(dataset.corpus)} documents ({len(texts)} chunks), {len(dataset.queries)} queries"
+    print(
+        f"{args.model} ({runtime.dtype}), {args.strategy} {options or ''}: {sizes}, {len(pairs.gold)} pairs"
+    )
+    chunks = per_layer_vectors(strategy, texts, "document", sentences)
+    queries = per_layer_vectors(strategy, [dataset.queries[q] for q in dataset.queries], "query")
+    first = per_layer_vectors(strategy, pairs.first, "document")
+    second = per_layer_vectors(strategy, pairs.second, "document")
+
+    def score(layers: Sequence[int]) -> tuple[float, float]:
+        pick = list(layers)
+        ndcg = retrieval_ndcg(chunks[pick].mean(0), owners, queries[pick].mean(0), dataset)
+        return ndcg, sts_spearman(first[pick].mean(0), second[pick].mean(0), pairs.gold)
+
+    rows = {layer: score([layer]) for layer in range(num_layers)}
+    print(f"{'layer':>5} {'depth':>6} {'nDCG@10':>8} {'STS':>6}")
+    for layer, (ndcg, sts) in rows.items():
+        print(f"{layer:>5} {layer / num_layers:>6.2f} {ndcg:>8.4f} {sts:>6.2f}")
+    report = {"model": args.model, "strategy": args.strategy, "options": options, "layers": rows, "bands": {}}
+    if args.strategy in VALUE_AGGREGATION:
+        bands = {(a, b): score(range(a, b + 1)) for a in range(num_layers) for b in range(a + 1, num_layers)}
+        report["bands"] = {f"{a}-{b}": value for (a, b), value in bands.items()}
+        for metric, name in ((0, "nDCG@10"), (1, "STS")):
+            best = sorted(bands.items(), key=lambda item: -item[1][metric])[:5]
+            print(
+                f"best bands by {name}: "
+                + ", ".join(f"{a}-{b} ({v[0]:.4f}, {v[1]:.1f})" for (a, b), v in best)
+            )
+        ndcg, sts = score(strategy.layers)
+        print(f"default S {strategy.layers}: nDCG@10 {ndcg:.4f}, STS {sts:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
