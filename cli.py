@@ -64,6 +64,14 @@ STRATEGY_OPTION_SPECS: list[tuple[str, dict[str, Any]]] = [
     ("--layers", {"help": "Layer set, 0-based, e.g. 20-27 or 26,27,29."}),
     ("--query-instruction", {"help": "Text placed before each query inside its template."}),
     ("--normalize-layers", {"is_flag": True, "help": "L2-normalise each layer before averaging."}),
+    (
+        "--attention-norm",
+        {
+            "type": click.Choice(["after", "before"]),
+            "help": "aligned-wva on Gemma: read the attention output after its post-attention norm "
+            "(default; what the residual stream receives) or before it.",
+        },
+    ),
     ("--rewire", {"help": "htp/tp: rewire before layers START..STOP-1, e.g. 1-7 (1-1: none)."}),
     ("--exit-layer", {"type": int, "help": "htp/tp: layer whose output is read (-2: second to last)."}),
     ("--block-sentences", {"type": click.IntRange(min=1), "help": "htp: sentences per block."}),
@@ -95,17 +103,31 @@ STRATEGY_OPTION_SPECS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The strategy options, each taking one value."""
-    for flag, settings in reversed(STRATEGY_OPTION_SPECS):
+TEMPLATE_OPTION_SPECS: list[tuple[str, dict[str, Any]]] = [
+    ("--document-template", {"help": "Override the strategy's document template ({text} slot)."}),
+    ("--query-template", {"help": "Override the strategy's query template ({text} slot)."}),
+]
+
+
+def _options(specs: list[tuple[str, dict[str, Any]]], command: Callable[..., Any]) -> Callable[..., Any]:
+    for flag, settings in reversed(specs):
         command = click.option(flag, default=None, **settings)(command)
     return command
 
 
+def _template_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    return _options(TEMPLATE_OPTION_SPECS, command)
+
+
+def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The strategy options, each taking one value."""
+    return _options(STRATEGY_OPTION_SPECS, command)
+
+
 def _swept_strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The strategy options for ``eval``: each may be repeated, and every combination of the
-    repeated values becomes a row (a flag applies to every row)."""
-    for flag, settings in reversed(STRATEGY_OPTION_SPECS):
+    """The strategy options and templates for ``eval``: each may be repeated, and every combination
+    of the repeated values becomes a row (a flag applies to every row)."""
+    for flag, settings in reversed(TEMPLATE_OPTION_SPECS + STRATEGY_OPTION_SPECS):
         if settings.get("is_flag"):
             command = click.option(flag, default=None, **settings)(command)
         else:
@@ -119,10 +141,10 @@ def _sweeps(options: dict[str, Any]) -> dict[str, list[Any]]:
     from ragidx.indexer.pipeline import split_strategy_options
 
     given = split_strategy_options(options)
+    for name in ("document_template", "query_template"):
+        given[name] = options.pop(name)
     return {
-        name: list(value) if isinstance(value, tuple) else [value]
-        for name, value in given.items()
-        if value != ()
+        name: list(value) if isinstance(value, tuple) else [value] for name, value in given.items() if value
     }
 
 
@@ -251,14 +273,7 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             help="Installed spaCy pipeline for sentences (default: rule-based).",
         ),
-        click.option(
-            "--document-template",
-            default=None,
-            help="Override the strategy's document template ({text} slot).",
-        ),
-        click.option(
-            "--query-template", default=None, help="Override the strategy's query template ({text} slot)."
-        ),
+        _template_options,
         _strategy_options,
         _vector_index_options,
         click.option(

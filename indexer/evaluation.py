@@ -57,12 +57,12 @@ def expand_variants(strategies: Sequence[str | None], sweeps: Mapping[str, Seque
     An option is applied to the strategies that take it (a baseline listed beside a swept
     strategy runs once, as it is); one that no listed strategy takes is refused.
     """
-    from ragidx.indexer.strategies import strategy_class
+    from ragidx.indexer.strategies import COMMON_PARAMS, strategy_class
 
     sweeps = {name: list(values) for name, values in sweeps.items() if values}
     if sweeps and None in strategies:
         raise RagidxError("name the strategies (--strategy) whose options are given")
-    takes = {name: strategy_class(name).options for name in strategies if name}
+    takes = {name: strategy_class(name).options | COMMON_PARAMS for name in strategies if name}
     unused = sorted(option for option in sweeps if not any(option in opts for opts in takes.values()))
     if unused:
         flags = ", ".join("--" + option.replace("_", "-") for option in unused)

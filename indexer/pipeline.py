@@ -32,6 +32,7 @@ STRATEGY_OPTIONS = (
     "layers",
     "query_instruction",
     "normalize_layers",
+    "attention_norm",
     "rewire",
     "exit_layer",
     "block_sentences",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "gemma3-270m"  # measured best offline decoder for retrieval: README, "Quick start"
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+GEMMA_TYPES = ("gemma2", "gemma3_text")
 ENCODER_TYPES = ("bert", "roberta", "xlm-roberta")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -54,6 +55,12 @@ class ArchitectureView:
     def attention(self, layer: int) -> nn.Module:
         """The self-attention module of a decoder layer (its q/k/v/o projections hang off it)."""
         return self.layers[layer].self_attn
+
+    def attention_output_norm(self, layer: int) -> nn.Module | None:
+        """The norm a layer applies to its attention output before adding it to the residual
+        stream: Gemma 2 and 3 have one (``post_attention_layernorm``); in Llama, Mistral and Qwen a
+        module of that name normalises the residual before the MLP instead, so they have none."""
+        return self.layers[layer].post_attention_layernorm if self.model_type in GEMMA_TYPES else None
 
 
 def architecture_view(model: nn.Module) -> ArchitectureView:

@@ -76,10 +76,13 @@ def reference(layer: torch.nn.Module, config, index: int, x: torch.Tensor) -> di
         weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
         outputs.append(weights @ v[kv])
     weighted = torch.cat(outputs)
+    aligned = F.linear(weighted, attn.o_proj.weight, attn.o_proj.bias)
     return {
         "va": v_flat.mean(dim=0),
         "wva": weighted,
-        "aligned-wva": F.linear(weighted, attn.o_proj.weight, attn.o_proj.bias),
+        # Gemma normalises the attention output before the residual add: aligned-wva reads it after.
+        "aligned-wva": rms_norm(aligned, layer.post_attention_layernorm, gemma) if gemma else aligned,
+        "aligned-wva before norm": aligned,
     }
 
 
@@ -214,3 +217,19 @@ def test_options_are_checked(runtimes):
         create_strategy("aligned-wva", runtimes["qwen2"], prompt="poem")
     with pytest.raises(RagidxError, match="model has layers 0-5"):
         create_strategy("va", runtimes["qwen2"], layers="6")
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text"])
+def test_gemma_attention_output_before_its_norm_and_older_indexes(arch, runtimes, plain_models):
+    """``attention_norm="before"`` reads Gemma's attention output before post_attention_layernorm,
+    which is what an index stored without the parameter was built with."""
+    from ragidx.indexer.strategies import strategy_from_index
+
+    after = create_strategy("aligned-wva", runtimes[arch])
+    stored = {key: value for key, value in after.params.items() if key != "attention_norm"}
+    older = strategy_from_index("aligned-wva", runtimes[arch], stored)
+    assert (after.attention_norm, older.attention_norm) == ("after", "before")
+    text = preprocess_for_prompt(TEXTS[0])
+    expected = expected_vector(arch, plain_models, "aligned-wva before norm", text, FUTUREEOL, older.layers)
+    np.testing.assert_allclose(older.encode([TEXTS[0]])[0], expected, atol=1e-4)
+    assert np.abs(older.encode([TEXTS[0]])[0] - after.encode([TEXTS[0]])[0]).max() > 1e-3

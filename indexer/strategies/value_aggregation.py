@@ -35,6 +35,7 @@ PAPER_LAYER_SETS: LayerTable = (
     ("Qwen3-8B", QWEN3_8B, (26, 27, 29, 30, 31)),
 )
 RELATIVE_DEPTH = (0.65, 0.85)
+ATTENTION_NORM_SIDES = ("after", "before")
 
 
 def default_layer_set(config: Any) -> tuple[list[int], str]:
@@ -99,10 +100,7 @@ class ValueAggregation(Strategy):
 
     @property
     def notes(self) -> dict[str, Any]:
-        notes = {"layer_source": self.layer_source, "exit_layer": max(self.layers)}
-        if self.runtime.arch.model_type.startswith("gemma"):
-            notes["gemma_readout"] = "self_attn output before post_attention_layernorm"
-        return notes
+        return {"layer_source": self.layer_source, "exit_layer": max(self.layers)}
 
     @abstractmethod
     def module(self, layer: int) -> nn.Module:
@@ -171,10 +169,48 @@ class WeightedValues(ValueAggregation):
 
 
 class AlignedWeightedValues(ValueAggregation):
+    """The attention block's contribution to the residual stream at the last token.
+
+    Where the architecture normalises the attention output before the residual add (Gemma 2 and
+    3), ``attention_norm="after"`` (the default) reads it after that norm: what the residual
+    stream receives, the "aligned" space of the paper. On Gemma 3 270M this scored SciFact nDCG@10
+    0.50 vs 0.39 before the norm and STS-B 79.7 vs 74.6 (README, "Choosing a strategy").
+    """
+
     name = "aligned-wva"
     description = "last token's attention output (after o_proj) over a layer set, FutureEOL; short texts"
     paper = "AlignedWVA, Value Aggregation / AlignedWVA paper"
     default_prompt = "futureeol"
+    options = ValueAggregation.options | {"attention_norm"}
+
+    def __init__(self, runtime: ModelRuntime, *, attention_norm: str = "after", **rest: Any):
+        if attention_norm not in ATTENTION_NORM_SIDES:
+            raise RagidxError(
+                f"unknown --attention-norm '{attention_norm}': choose {' or '.join(ATTENTION_NORM_SIDES)}"
+            )
+        self.attention_norm = attention_norm
+        super().__init__(runtime, **rest)
+
+    @classmethod
+    def upgrade_params(cls, stored: dict[str, Any]) -> dict[str, Any]:
+        """Indexes written before ``attention_norm`` existed read Gemma's output before its norm."""
+        return {"attention_norm": "before", **stored}
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {**super().params, "attention_norm": self.attention_norm}
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        if self.runtime.arch.attention_output_norm(0) is None:
+            return super().notes
+        side = "after" if self.attention_norm == "after" else "before"
+        return {**super().notes, "readout": f"self_attn output {side} post_attention_layernorm"}
 
     def module(self, layer: int) -> nn.Module:
-        return self.runtime.arch.attention(layer)
+        norm = self.runtime.arch.attention_output_norm(layer)
+        return (
+            norm
+            if norm is not None and self.attention_norm == "after"
+            else self.runtime.arch.attention(layer)
+        )

@@ -1,6 +1,6 @@
 """Which layers to read on a real model: every layer's readout from one pass, scored on dev data.
 
-Usage: python tests/benchmarks/layer_sweep.py --model smollm2 --strategy aligned-wva
+Usage: python tests/benchmarks/layer_sweep.py --model smollm2 --strategy aligned-wva [--sweep OPTION=V1;V2]
        [--docs 500] [--queries 200] [--pairs 400] [--dtype auto] [--json FILE] [OPTION=VALUE ...]
 
 For the value-aggregation strategies (``aligned-wva``, ``wva``, ``va``) each layer's reading is
@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=400)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--sweep", default=None, help="OPTION=V1;V2;...: one strategy per value instead")
     parser.add_argument("options", nargs="*", help="OPTION=VALUE for the strategy")
     args = parser.parse_args()
     from ragidx.indexer.chunking import Chunker
@@ -103,7 +104,6 @@ def main() -> None:
     options = dict(option.split("=", 1) for option in args.options)
     runtime = load_runtime(args.model, "cpu", args.dtype, bfloat16_ok=bfloat16_ok([args.strategy]))
     strategy = create_strategy(args.strategy, runtime, **options)
-    num_layers = runtime.arch.num_layers
     dataset = subsample(load_beir(EVAL_DATA / "scifact", "train"), args.docs, args.queries)
     chunker = Chunker(runtime.tokenizer, strategy_class(args.strategy).default_chunk_tokens, 1, None)
     texts, owners, sentences = [], [], []
@@ -117,34 +117,84 @@ def main() -> None:
     print(
         f"{args.model} ({runtime.dtype}), {args.strategy} {options or ''}: {sizes}, {len(pairs.gold)} pairs"
     )
+    if args.sweep:
+        report = sweep_option(args, runtime, options, dataset, (texts, owners, sentences), pairs)
+    else:
+        report = sweep_layers(args, strategy, dataset, (texts, owners, sentences), pairs)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+
+
+def sweep_layers(args, strategy, dataset, corpus, pairs) -> dict:
+    """Every layer's reading from one pass; for value aggregation, every contiguous band too, raw
+    and with each layer normalised, and the relative-depth bands a default could be."""
+    from ragidx.indexer.strategies.layers import relative_layers
+
+    texts, owners, sentences = corpus
+    num_layers = strategy.runtime.arch.num_layers
     chunks = per_layer_vectors(strategy, texts, "document", sentences)
     queries = per_layer_vectors(strategy, [dataset.queries[q] for q in dataset.queries], "query")
     first = per_layer_vectors(strategy, pairs.first, "document")
     second = per_layer_vectors(strategy, pairs.second, "document")
 
-    def score(layers: Sequence[int]) -> tuple[float, float]:
+    def score(layers: Sequence[int], normalise: bool = False) -> tuple[float, float]:
+        """Scores of the band's mean reading (``normalise``: each layer L2-normalised first, as
+        ``--normalize-layers`` does)."""
         pick = list(layers)
-        ndcg = retrieval_ndcg(chunks[pick].mean(0), owners, queries[pick].mean(0), dataset)
-        return ndcg, sts_spearman(first[pick].mean(0), second[pick].mean(0), pairs.gold)
+
+        def mean(readings: np.ndarray) -> np.ndarray:
+            return (normalised(readings[pick]) if normalise else readings[pick]).mean(0)
+
+        ndcg = retrieval_ndcg(mean(chunks), owners, mean(queries), dataset)
+        return ndcg, sts_spearman(mean(first), mean(second), pairs.gold)
 
     rows = {layer: score([layer]) for layer in range(num_layers)}
     print(f"{'layer':>5} {'depth':>6} {'nDCG@10':>8} {'STS':>6}")
     for layer, (ndcg, sts) in rows.items():
         print(f"{layer:>5} {layer / num_layers:>6.2f} {ndcg:>8.4f} {sts:>6.2f}")
-    report = {"model": args.model, "strategy": args.strategy, "options": options, "layers": rows, "bands": {}}
-    if args.strategy in VALUE_AGGREGATION:
-        bands = {(a, b): score(range(a, b + 1)) for a in range(num_layers) for b in range(a + 1, num_layers)}
-        report["bands"] = {f"{a}-{b}": value for (a, b), value in bands.items()}
+    report = {
+        "model": args.model,
+        "strategy": args.strategy,
+        "options": args.options,
+        "layers": rows,
+        "bands": {},
+    }
+    if args.strategy not in VALUE_AGGREGATION:
+        return report
+    spans = [(a, b) for a in range(num_layers) for b in range(a + 1, num_layers)]
+    for normalise in (False, True):
+        kind = "normalised" if normalise else "raw"
+        bands = {span: score(range(span[0], span[1] + 1), normalise) for span in spans}
+        report["bands"][kind] = {f"{a}-{b}": value for (a, b), value in bands.items()}
         for metric, name in ((0, "nDCG@10"), (1, "STS")):
             best = sorted(bands.items(), key=lambda item: -item[1][metric])[:5]
-            print(
-                f"best bands by {name}: "
-                + ", ".join(f"{a}-{b} ({v[0]:.4f}, {v[1]:.1f})" for (a, b), v in best)
-            )
-        ndcg, sts = score(strategy.layers)
-        print(f"default S {strategy.layers}: nDCG@10 {ndcg:.4f}, STS {sts:.2f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+            listed = ", ".join(f"{a}-{b} ({v[0]:.4f}, {v[1]:.1f})" for (a, b), v in best)
+            print(f"{kind} layers, best bands by {name}: {listed}")
+        for low, high in ((0.65, 0.85), (0.65, 1.0), (0.7, 1.0), (0.5, 1.0)):
+            band = relative_layers(num_layers, low, high)
+            ndcg, sts = score(band, normalise)
+            where = f"depth {low:.2f}-{high:.2f} = {band[0]}-{band[-1]}"
+            print(f"{kind} layers, {where}: nDCG@10 {ndcg:.4f}, STS {sts:.2f}")
+    return report
+
+
+def sweep_option(args, runtime, options, dataset, corpus, pairs) -> dict:
+    """``--sweep OPTION=V1;V2``: the strategy built once per value, scored on its final vectors."""
+    from ragidx.indexer.strategies import create_strategy
+
+    texts, owners, sentences = corpus
+    name, _, values = args.sweep.partition("=")
+    rows = {}
+    print(f"{name:>12} {'nDCG@10':>8} {'STS':>6}")
+    for value in values.split(";"):
+        strategy = create_strategy(args.strategy, runtime, **{**options, name: value})
+        chunks = strategy.encode(texts, "document", sentences=sentences)
+        queries = strategy.encode([dataset.queries[q] for q in dataset.queries], "query")
+        ndcg = retrieval_ndcg(chunks, owners, queries, dataset)
+        sts = sts_spearman(strategy.encode(pairs.first), strategy.encode(pairs.second), pairs.gold)
+        rows[value] = (ndcg, sts)
+        print(f"{value:>12} {ndcg:>8.4f} {sts:>6.2f}", flush=True)
+    return {"model": args.model, "strategy": args.strategy, "options": options, "sweep": {name: rows}}
 
 
 if __name__ == "__main__":
