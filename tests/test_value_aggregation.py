@@ -121,7 +121,7 @@ def expected_vector(arch, plain_models, name, text, template, layers, normalize=
 @pytest.mark.parametrize("name", ["aligned-wva", "wva", "va"])
 def test_matches_attention_recomputed_from_weights(arch, name, runtimes, plain_models):
     strategy = create_strategy(name, runtimes[arch])
-    assert strategy.layers == [4, 5]  # round(0.65 * 6) .. round(0.85 * 6)
+    assert strategy.layers == [4, 5]  # round(0.65 * 6) .. round(0.85 * 6), or .. 5 (L - 1) for aligned-wva
     for text in TEXTS:
         if name == "va":
             expected = expected_vector(arch, plain_models, name, text, "{text}", strategy.layers)
@@ -194,6 +194,8 @@ def test_paper_layer_sets_are_recognised_from_the_config():
     assert default_layer_set(qwen3) == ([26, 27, 29, 30, 31], "paper (Qwen3-8B)")
     other = Qwen3Config(hidden_size=1024, num_hidden_layers=28)
     assert default_layer_set(other) == (list(range(18, 25)), "relative depth 0.65-0.85")
+    assert default_layer_set(other, (0.65, 1.0)) == (list(range(18, 28)), "relative depth 0.65-1.00")
+    assert default_layer_set(llama2, (0.65, 1.0))[0] == list(range(20, 28))  # the paper's set still wins
 
 
 def test_layer_specifications():

@@ -57,6 +57,16 @@ def per_layer_vectors(strategy, texts, role, sentences=None) -> np.ndarray:
     return out
 
 
+def typed(value: str) -> str | int | float:
+    """A command-line value as the strategy takes it: a number where it reads as one."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
 def normalised(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
 
@@ -101,7 +111,7 @@ def main() -> None:
     from ragidx.indexer.runtime import load_runtime
     from ragidx.indexer.strategies import bfloat16_ok, create_strategy, strategy_class
 
-    options = dict(option.split("=", 1) for option in args.options)
+    options = {key: typed(value) for key, value in (option.split("=", 1) for option in args.options)}
     runtime = load_runtime(args.model, "cpu", args.dtype, bfloat16_ok=bfloat16_ok([args.strategy]))
     strategy = create_strategy(args.strategy, runtime, **options)
     dataset = subsample(load_beir(EVAL_DATA / "scifact", "train"), args.docs, args.queries)
@@ -187,7 +197,7 @@ def sweep_option(args, runtime, options, dataset, corpus, pairs) -> dict:
     rows = {}
     print(f"{name:>12} {'nDCG@10':>8} {'STS':>6}")
     for value in values.split(";"):
-        strategy = create_strategy(args.strategy, runtime, **{**options, name: value})
+        strategy = create_strategy(args.strategy, runtime, **{**options, name: typed(value)})
         chunks = strategy.encode(texts, "document", sentences=sentences)
         queries = strategy.encode([dataset.queries[q] for q in dataset.queries], "query")
         ndcg = retrieval_ndcg(chunks, owners, queries, dataset)
