@@ -559,10 +559,10 @@ def _embed_without_index(
     strategy_options: dict[str, Any],
 ) -> Any:
     from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.strategies import bfloat16_ok, create_strategy, default_strategy_name
+    from ragidx.indexer.strategies import create_strategy, default_strategy
 
-    runtime = load_runtime(model, device, dtype, bfloat16_ok=bfloat16_ok([strategy]))
-    name = strategy or default_strategy_name(runtime)
+    runtime = load_runtime(model, device, dtype, strategies=[strategy])
+    name = strategy or default_strategy(runtime.model.config)[0]
     return create_strategy(name, runtime, **strategy_options).encode(texts, role)
 
 
@@ -599,7 +599,7 @@ def calibrate(
     from ragidx.indexer.runtime import load_runtime
 
     # float32 under auto: the layers chosen here serve kv-embedding, which stays float32 (bfloat16_ok)
-    runtime = load_runtime(model, device, dtype or "auto", trust_remote_code, bfloat16_ok=False)
+    runtime = load_runtime(model, device, dtype or "auto", trust_remote_code, strategies=["kv-embedding"])
     calibration, path = calibrate_and_cache(runtime, texts, count)
     if plot:
         from ragidx.indexer.plots import plot_calibration
@@ -833,11 +833,10 @@ def eval_sts(
     """Spearman x 100 between vector cosine and gold similarity on an STS-B or SICK file."""
     from ragidx.indexer.evaluation import evaluate_sts_variants, expand_variants, load_sts
     from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.strategies import bfloat16_ok
 
     pairs = load_sts(path, max_pairs)
     variants = expand_variants(_names(strategy), _sweeps(options))
-    runtime = load_runtime(model, device, dtype or "auto", bfloat16_ok=bfloat16_ok(_names(strategy)))
+    runtime = load_runtime(model, device, dtype or "auto", strategies=_names(strategy))
     report = evaluate_sts_variants(path, pairs, runtime, variants)
     if plot:
         from ragidx.indexer.plots import plot_sts

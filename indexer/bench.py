@@ -283,7 +283,7 @@ def run_bench(
 ) -> BenchReport:
     """Every strategy in every dtype over the same chunks, with the probes and anchors in one run."""
     from ragidx.indexer.runtime import load_runtime, resolve_device, resolve_dtype
-    from ragidx.indexer.strategies import bfloat16_ok, create_strategy, default_strategy_name
+    from ragidx.indexer.strategies import create_strategy, default_strategy
 
     device = resolve_device(device)
     for dtype in dtypes:
@@ -292,11 +292,11 @@ def run_bench(
     rows: list[BenchRow] = []
     chunks: list[str] = []
     for dtype in dtypes:
-        runtime = load_runtime(model, device, dtype, bfloat16_ok=bfloat16_ok(strategies))
+        runtime = load_runtime(model, device, dtype, strategies=strategies)
         chunks = chunks or bench_texts(runtime, source, chunk_tokens, max_texts)
         anchor = anchor_rate(runtime, chunks)
         for name in strategies:
-            name = name or default_strategy_name(runtime)
+            name = name or default_strategy(runtime.model.config)[0]
             strategy = create_strategy(name, runtime)
             rows.append(bench_strategy(strategy, name, chunks, bench_queries(chunks, queries), peaks, anchor))
     return BenchReport(runtime.model_id, device, len(chunks), chunk_tokens, peaks, rows)

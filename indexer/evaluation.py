@@ -368,11 +368,11 @@ def evaluate_sts_variants(
 ) -> StsReport:
     """Spearman × 100 of each variant, all on one loaded model, with a bar over the texts."""
     from ragidx.indexer.progress import progress as progress_bar
-    from ragidx.indexer.strategies import create_strategy, default_strategy_name
+    from ragidx.indexer.strategies import create_strategy, default_strategy
 
     report = StsReport(str(path), len(pairs.gold), runtime.model_id)
     for variant in variants:
-        name = variant.strategy or default_strategy_name(runtime)
+        name = variant.strategy or default_strategy(runtime.model.config)[0]
         label = variant.label(name)
         started = time.perf_counter()
         strategy = create_strategy(name, runtime, **variant.options)

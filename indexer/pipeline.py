@@ -21,7 +21,6 @@ from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.runtime import default_model, load_runtime
 from ragidx.indexer.sources import ScanResult, SkippedFile, SourceDocument, read_document, scan
 from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration, default_index_dir
-from ragidx.indexer.strategies import bfloat16_ok
 from ragidx.indexer.tuning import TuningReport, needs_tuning, tune_and_store
 from ragidx.indexer.vector_index import VectorIndexSettings
 
@@ -211,7 +210,7 @@ def build(
             options.device,
             _dtype(options, stored),
             options.trust_remote_code,
-            bfloat16_ok([options.strategy or inherited.get("strategy")]),
+            (options.strategy or inherited.get("strategy"),),
         )
         runtime = loaded.get(arguments) if loaded is not None else None
         if runtime is None:
@@ -320,19 +319,18 @@ def _choose_strategy(
 ) -> tuple[str, str]:
     """The strategy's name and the reason it was chosen (stored in the index and printed)."""
     from ragidx.indexer.auto_strategy import choose_strategy
-    from ragidx.indexer.strategies import default_strategy_name
+    from ragidx.indexer.strategies import LONG_DOCUMENT_STRATEGY, default_strategy
 
     if options.strategy == "auto":
         if not options.rebuild and str(stored.get("strategy_reason", "")).startswith("auto"):
             return stored["strategy"], stored["strategy_reason"]
         counts = [len(runtime.tokenizer(text)["input_ids"]) for text in _texts(documents)]
-        return choose_strategy(counts)
+        return choose_strategy(counts, default_strategy(runtime.model.config)[0], LONG_DOCUMENT_STRATEGY)
     if options.strategy:
         return options.strategy, "given with --strategy"
     if stored:
         return stored["strategy"], stored.get("strategy_reason", "the index's strategy")
-    kind = "decoder" if runtime.arch.is_decoder else "encoder"
-    return default_strategy_name(runtime), f"default for {kind} models"
+    return default_strategy(runtime.model.config)
 
 
 def _create_strategy(name: str, runtime: Any, options: BuildOptions, stored: dict[str, Any]) -> Any:

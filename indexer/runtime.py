@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -357,15 +357,17 @@ def load_runtime(
     device: str = "auto",
     dtype: str = "auto",
     trust_remote_code: bool = False,
-    bfloat16_ok: bool = True,
+    strategies: Iterable[str | None] = (),
 ) -> ModelRuntime:
     """Load tokenizer and base model (no LM head) by short name, GGUF file, local folder or hub id.
 
-    ``bfloat16_ok=False`` keeps ``dtype="auto"`` at float32 on a CPU, for strategies whose vectors
-    bf16 would move too far (see :func:`ragidx.indexer.strategies.bfloat16_ok`).
+    ``dtype="auto"`` stays float32 when one of ``strategies`` (``None``: the model's default)
+    would be moved too far by bf16 (see :func:`ragidx.indexer.strategies.bfloat16_ok`).
     """
     import torch
     from transformers import AutoModel, AutoTokenizer
+
+    from ragidx.indexer.strategies import bfloat16_ok  # a local import: strategies import this module
 
     source = model if isinstance(model, ModelSource) else resolve_model(model)
     model = source.model_id
@@ -374,7 +376,7 @@ def load_runtime(
     if config.model_type not in DECODER_TYPES + ENCODER_TYPES:
         raise unsupported_architecture(config.model_type)
     device = resolve_device(device)
-    torch_dtype = getattr(torch, resolve_dtype(dtype, device, config, bfloat16_ok))
+    torch_dtype = getattr(torch, resolve_dtype(dtype, device, config, bfloat16_ok(strategies, config)))
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
         network_model = AutoModel.from_pretrained(

@@ -77,13 +77,15 @@ def test_help_does_not_import_heavy_libraries():
 
 
 def test_build_summary_and_info(built, tiny_models, sample_corpus):
+    from ragidx.indexer.strategies.value_aggregation import FUTUREEOL_TEMPLATE
+
     index, summary = built
     n_files = len([p for p in sample_corpus.rglob("*") if p.is_file()])
     assert summary["documents"] == n_files and summary["skipped"] == []
-    assert summary["strategy"] == "prompteol" and summary["strategy_reason"] == "default for decoder models"
+    assert summary["strategy"] == "aligned-wva" and summary["strategy_reason"] == "default for decoder models"
     info = json.loads(ragidx("info", "--index", index, "--json").stdout)
-    assert info["model"] == str(tiny_models["qwen2"]) and info["strategy"] == "prompteol"
-    assert info["strategy_params"]["document_template"] == 'This sentence : "{text}" means in one word:"'
+    assert info["model"] == str(tiny_models["qwen2"]) and info["strategy"] == "aligned-wva"
+    assert info["strategy_params"]["document_template"] == FUTUREEOL_TEMPLATE
     assert info["strategy_params"]["query_template"] == info["strategy_params"]["document_template"]
     assert info["chunks"] == summary["chunks"] and info["documents"] == n_files and info["dimension"] == 64
 
@@ -180,15 +182,7 @@ def test_embed_with_an_index_or_a_model_agree(built, tiny_models):
     index, _ = built
     with_index = json.loads(ragidx("embed", "tides and the moon", "--index", index, "--json").stdout)
     without = json.loads(
-        ragidx(
-            "embed",
-            "tides and the moon",
-            "--model",
-            tiny_models["qwen2"],
-            "--strategy",
-            "prompteol",
-            "--json",
-        ).stdout
+        ragidx("embed", "tides and the moon", "--model", tiny_models["qwen2"], "--json").stdout
     )
     assert np.allclose(with_index, without, atol=1e-6) and np.array(with_index).shape == (1, 64)
     plain = ragidx("embed", "a", "b", "--index", index).stdout.splitlines()

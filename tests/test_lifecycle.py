@@ -91,7 +91,8 @@ def test_an_incremental_build_embeds_in_the_dtype_the_index_was_built_in(corpus,
     from ragidx.indexer.strategies import create_strategy
 
     model, index = tiny_models["qwen2"], tmp_path / "index"
-    assert build(corpus, index, model, "--dtype", "bfloat16")["dtype"] == "bfloat16"
+    built = build(corpus, index, model, "--dtype", "bfloat16", "--strategy", "prompteol")
+    assert built["dtype"] == "bfloat16"
     note = corpus / "notes" / "kites.md"
     note.write_text("A kite flies because the wind pushes on its sail.\n")
     assert build(corpus, index, model)["dtype"] == "bfloat16"  # auto: the index's dtype
@@ -264,9 +265,9 @@ def test_auto_strategy_follows_document_length(tmp_path, tiny_models, sample_cor
     long_docs = tmp_path / "long"
     long_docs.mkdir()
     for source in sorted(sample_corpus.glob("*/*.md"))[:3]:
-        (long_docs / source.name).write_text(source.read_text() * 4)
+        (long_docs / source.name).write_text(source.read_text() * 12)
     long = build(long_docs, tmp_path / "long-index", tiny_models["qwen2"], "--strategy", "auto")
-    assert long["strategy"] == "htp" and ">= 256" in long["strategy_reason"]
+    assert long["strategy"] == "htp" and ">= 1024" in long["strategy_reason"]
     info = json.loads(ragidx("info", "--index", tmp_path / "long-index", "--json").stdout)
     assert (info["strategy"], info["strategy_reason"]) == ("htp", long["strategy_reason"])
     again = ragidx("build", long_docs, "--index", tmp_path / "long-index", "--strategy", "auto")

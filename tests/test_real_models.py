@@ -96,14 +96,15 @@ def test_every_strategy_finds_the_source_documents_of_the_probes(
     """Dense search over the sample corpus's chunks, documents ranked by their best chunk, in the
     dtype ``--dtype auto`` may choose; bf16 vectors within cosine 0.999 of float32 ones."""
     from ragidx.indexer.chunking import Chunker
-    from ragidx.indexer.strategies import create_strategy, default_strategy_name, strategy_class
+    from ragidx.indexer.strategies import create_strategy, default_strategy, strategy_class
 
     if real_runtime.arch.model_type.startswith("gemma") and name not in GEMMA_STRATEGIES:
         pytest.skip(f"{name} runs on SmolLM2 only (see GEMMA_STRATEGIES)")
     rounded = strategy_class(name).bfloat16_ok
     strategy = create_strategy(name, bfloat16_runtime if rounded else real_runtime)
     chunker = Chunker(real_runtime.tokenizer, strategy.default_chunk_tokens, 1, None)
-    default = name == default_strategy_name(real_runtime)  # held to the whole corpus, and to every probe
+    # the default strategy is held to the whole corpus, and to every probe
+    default = name == default_strategy(real_runtime.model.config)[0]
     texts, owners, sentences, tokens = [], [], [], []
     for document in sample_documents:
         for chunk in chunker.chunk(document.text)[: None if default else PROBED_CHUNKS]:

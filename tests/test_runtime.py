@@ -10,6 +10,7 @@ import torch
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.runtime import load_runtime, plan_batches, resolve_device, resolve_dtype
+from ragidx.indexer.strategies.paper_models import GEMMA3_270M, SMOLLM2_135M
 
 
 def test_plan_batches_sorts_by_length_and_respects_the_token_budget():
@@ -162,6 +163,20 @@ def test_strategies_that_bf16_moves_too_far_keep_auto_at_float32():
     assert [name for name, cls in REGISTRY.items() if not cls.bfloat16_ok] == ["cp", "kv-embedding"]
     assert bfloat16_ok([None, "auto", "prompteol", "htp"])
     assert not bfloat16_ok(["prompteol", "kv-embedding"])
+    gemma, smollm2 = (SimpleNamespace(**fingerprint) for fingerprint in (GEMMA3_270M, SMOLLM2_135M))
+    assert not bfloat16_ok([None], gemma) and not bfloat16_ok(["auto"], gemma)  # its default is kv-embedding
+    assert bfloat16_ok([None, "auto"], smollm2)
+
+
+def test_the_default_strategy_is_the_measured_one_for_packaged_decoders():
+    from ragidx.indexer.strategies import default_strategy
+
+    gemma, smollm2 = (SimpleNamespace(**fingerprint) for fingerprint in (GEMMA3_270M, SMOLLM2_135M))
+    assert default_strategy(gemma) == ("kv-embedding", "measured default for Gemma 3 270M")
+    assert default_strategy(smollm2) == ("aligned-wva", "measured default for SmolLM2-135M")
+    other = SimpleNamespace(**{**SMOLLM2_135M, "num_hidden_layers": 24})
+    assert default_strategy(other) == ("aligned-wva", "default for decoder models")
+    assert default_strategy(SimpleNamespace(model_type="bert")) == ("mean", "default for encoder models")
 
 
 def test_bf16_linears_on_cpu_are_packed_once_and_compute_exactly_the_same(tiny_models, runtimes):

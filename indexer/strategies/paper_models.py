@@ -1,4 +1,5 @@
-"""Config fingerprints of the models the papers report settings for.
+"""Config fingerprints of the models the papers report settings for, and of the packaged models
+ragidx measured its own defaults on.
 
 Recognising a model by its config rather than its name means a renamed or locally saved copy
 still gets the paper's settings.
@@ -34,6 +35,8 @@ MISTRAL_7B_V01 = {
     "sliding_window": 4096,
 }
 LLAMA31_8B = {**LLAMA3_8B, "max_position_embeddings": 131072}
+SMOLLM2_135M = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152}
+GEMMA3_270M = {"model_type": "gemma3_text", "hidden_size": 640, "num_hidden_layers": 18, "vocab_size": 262144}
 
 LayerTable = tuple[tuple[str, dict[str, Any], tuple[int, ...]], ...]
 

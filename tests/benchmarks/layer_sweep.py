@@ -109,10 +109,10 @@ def main() -> None:
     from ragidx.indexer.chunking import Chunker
     from ragidx.indexer.evaluation import document_text, load_beir, load_sts, subsample
     from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.strategies import bfloat16_ok, create_strategy, strategy_class
+    from ragidx.indexer.strategies import create_strategy, strategy_class
 
     options = {key: typed(value) for key, value in (option.split("=", 1) for option in args.options)}
-    runtime = load_runtime(args.model, "cpu", args.dtype, bfloat16_ok=bfloat16_ok([args.strategy]))
+    runtime = load_runtime(args.model, "cpu", args.dtype, strategies=[args.strategy])
     strategy = create_strategy(args.strategy, runtime, **options)
     dataset = subsample(load_beir(EVAL_DATA / "scifact", "train"), args.docs, args.queries)
     chunker = Chunker(runtime.tokenizer, strategy_class(args.strategy).default_chunk_tokens, 1, None)
