@@ -32,7 +32,7 @@ class Watcher:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=child_env(),
+            env={**child_env(), "PYTHONFAULTHANDLER": "1"},  # SIGABRT dumps every thread's stack
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -65,7 +65,12 @@ class Watcher:
 
     def stop(self, sig: int) -> tuple[int, str]:
         self.process.send_signal(sig)
-        code = self.process.wait(timeout=60)
+        try:
+            code = self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # hung: show where, from faulthandler's dump
+            self.process.send_signal(signal.SIGABRT)
+            self.process.wait(timeout=30)
+            raise AssertionError(f"still running 60 s after {sig!r}: {self.process.stderr.read()}") from None
         return code, self.process.stderr.read()
 
 
