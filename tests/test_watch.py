@@ -33,6 +33,9 @@ class Watcher:
             stderr=subprocess.PIPE,
             text=True,
             env={**child_env(), "PYTHONFAULTHANDLER": "1"},  # SIGABRT dumps every thread's stack
+            # As from a terminal: a shell without job control starts background jobs with SIGINT
+            # ignored, and a pytest started that way would hand the watch that deafness.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
