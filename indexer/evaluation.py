@@ -23,6 +23,7 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.metrics import mean_retrieval_metrics, spearman
+from ragidx.indexer.store import index_exists
 
 DOCUMENTS_PER_QUERY = 100  # the deepest cut-off any metric reads (Recall@100)
 # Eval modes: the search modes, plus hybrid with fixed equal weights to set beside the tuned ones.
@@ -268,7 +269,7 @@ def evaluate_retrieval(
         for number, variant in enumerate(v if isinstance(v, Variant) else Variant(v) for v in variants):
             target = index_dir or Path(scratch) / f"index-{number}"
             build_seconds = 0.0
-            if not (index_dir and (index_dir / "ragidx.db").is_file()):
+            if not (index_dir and index_exists(index_dir)):
                 if not documents.exists():
                     write_corpus(dataset, documents)
                 started = time.perf_counter()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,8 +11,7 @@ import numpy as np
 
 from ragidx.indexer.changes import absolute_roots, under
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.lexical import CJK_TABLE, fill_cjk_table
-from ragidx.indexer.store import DB_NAME, IndexWriter, no_index, vectors_file
+from ragidx.indexer.store import ROW_RULES, IndexWriter, index_exists, no_index
 from ragidx.indexer.strategies import load_index_strategy
 from ragidx.indexer.vector_index import live_vectors
 from ragidx.indexer.wording import counted
@@ -39,8 +37,7 @@ def remove(paths: Sequence[str | Path], index_dir: Path) -> RemoveReport:
         targets = {path: doc_id for path, (doc_id, _) in writer.documents().items() if under(path, roots)}
         if not targets:
             raise RagidxError(f"no indexed document at or under {', '.join(map(str, paths))}")
-        empty = np.zeros((0, int(writer.meta["dimension"])), dtype=np.float32)
-        generation = writer.commit([], empty, writer.meta, list(targets.values())).generation
+        generation = writer.remove_documents(list(targets.values())).generation
         counts = writer.counts()
     return RemoveReport(sorted(targets), generation, counts["documents"], counts["chunks"])
 
@@ -48,7 +45,7 @@ def remove(paths: Sequence[str | Path], index_dir: Path) -> RemoveReport:
 def _open_existing(index_dir: Path, clean_stale: bool = True) -> IndexWriter:
     """Write access to an index that has a committed generation; never creates one."""
     missing = no_index(Path(index_dir))
-    if not (Path(index_dir) / DB_NAME).is_file():
+    if not index_exists(index_dir):
         raise missing
     writer = IndexWriter(index_dir, clean_stale)
     if not writer.meta.get("generation"):
@@ -57,25 +54,6 @@ def _open_existing(index_dir: Path, clean_stale: bool = True) -> IndexWriter:
     return writer
 
 
-# (problem, what is counted, detail, SQL counting the rows at fault, SQL repairing them)
-ROW_RULES = (
-    (
-        "orphan-chunks",
-        "chunk",
-        "belonging to no document",
-        "select count(*) from chunks where document_id not in (select id from documents)",
-        "delete from chunks where document_id not in (select id from documents)",
-    ),
-    (
-        "chunk-counts",
-        "document",
-        "with a wrong chunk count",
-        "select count(*) from documents d where chunk_count != "
-        "(select count(*) from chunks c where c.document_id = d.id)",
-        "update documents set chunk_count = "
-        "(select count(*) from chunks c where c.document_id = documents.id)",
-    ),
-)
 UNIT_NORM_TOLERANCE = 1e-3  # every strategy stores unit vectors; float32 rounding stays far inside this
 
 
@@ -115,45 +93,36 @@ def check(index_dir: Path, repair: bool = False, device: str = "auto") -> CheckR
     """
     with _open_existing(index_dir, clean_stale=False) as writer:
         report = CheckReport(int(writer.meta["generation"]))
-        db = writer.db
         _check_files(writer, report, repair)
-        _check_fts(db, report, repair)
-        for kind, noun, detail, count_sql, repair_sql in ROW_RULES:
-            found = db.execute(count_sql).fetchone()[0]
+        _check_fts(writer, report, repair)
+        for kind, (noun, detail, *_) in ROW_RULES.items():
+            found = writer.faulty_rows(kind)
             if found:
                 report.problems.append(Problem(kind, f"{counted(found, noun)} {detail}", repair))
                 if repair:
-                    with db.atomic():
-                        db.execute(repair_sql)
+                    writer.repair_rows(kind)
         _check_vectors(writer, report, repair, device)
         report.generation = int(writer.meta["generation"])
     return report
 
 
 def _check_files(writer: IndexWriter, report: CheckReport, repair: bool) -> None:
-    current = vectors_file(writer.directory, writer.meta["generation"]).name
-    stale = sorted(p.name for p in writer.directory.glob("vectors-*.faiss*") if p.name != current)
+    stale = writer.stale_vector_files()
     if stale:
         report.problems.append(Problem("stale-files", ", ".join(stale), repair))
         if repair:
-            for name in stale:
-                (writer.directory / name).unlink(missing_ok=True)
+            writer.remove_stale_vector_files()
 
 
-def _check_fts(db: Any, report: CheckReport, repair: bool) -> None:
-    try:
-        db.execute("insert into chunks_fts(chunks_fts, rank) values('integrity-check', 1)")
-        db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('integrity-check')")
+def _check_fts(writer: IndexWriter, report: CheckReport, repair: bool) -> None:
+    fault = writer.lexical_fault()
+    if fault is None:
         return
-    except sqlite3.DatabaseError as error:
-        report.problems.append(
-            Problem("lexical-index", f"FTS5 tables disagree with the chunks ({error})", repair)
-        )
+    report.problems.append(
+        Problem("lexical-index", f"FTS5 tables disagree with the chunks ({fault})", repair)
+    )
     if repair:
-        with db.atomic():
-            db.execute("insert into chunks_fts(chunks_fts) values('rebuild')")
-            db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('delete-all')")
-            fill_cjk_table(db)
+        writer.rebuild_lexical()
 
 
 def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, device: str) -> None:

@@ -197,7 +197,7 @@ def build(
         lost = bool(stored) and writer.vectors_lost()  # restored from the chunks' stored text
         if stored and not plan.to_embed and not lost and not _changes_settings(options, stored):
             committed = (
-                writer.commit([], _no_vectors(stored), stored, plan.stale, vector_index=vector_index)
+                writer.remove_documents(plan.stale, vector_index=vector_index)
                 if plan.stale or restructure
                 else None
             )
@@ -364,10 +364,6 @@ def _create_chunker(runtime: Any, strategy: Any, options: BuildOptions, stored: 
 
 def _first_given(*values: Any) -> Any:
     return next(v for v in values if v is not None)
-
-
-def _no_vectors(meta: dict[str, Any]) -> np.ndarray:
-    return np.zeros((0, int(meta["dimension"])), dtype=np.float32)
 
 
 def _report(

@@ -29,8 +29,10 @@ from ragidx.indexer.lexical import (
     CJK_TABLE,
     add_cjk_rows,
     create_cjk_table,
+    fill_cjk_table,
     match_expression,
     remove_cjk_rows,
+    rewrite_chunk_text,
 )
 from ragidx.indexer.sources import span_pages
 from ragidx.indexer.vector_index import VectorIndex, VectorIndexSettings, update
@@ -60,6 +62,11 @@ def no_index(directory: Path) -> RagidxError:
         f"no index at {directory}: no build has completed there "
         "(run `ragidx build PATH` first, or pass --index DIR)"
     )
+
+
+def index_exists(directory: str | Path) -> bool:
+    """Whether ``directory`` holds an index database (committed or not)."""
+    return (Path(directory) / DB_NAME).is_file()
 
 
 def vectors_file(directory: Path, generation: int) -> Path:
@@ -139,6 +146,11 @@ def _create_schema(db: Database) -> None:
 
 def _counts(db: Database) -> dict[str, int]:
     return {"documents": db["documents"].count, "chunks": db["chunks"].count}
+
+
+def _chunk_ids(db: Database) -> np.ndarray:
+    rows = db.execute("select id from chunks order by id").fetchall()
+    return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
 
 
 def _read_tombstones(db: Database) -> np.ndarray:
@@ -319,6 +331,34 @@ class IndexReader:
     def counts(self) -> dict[str, int]:
         return _counts(self.db)
 
+    def reread_meta(self) -> dict[str, Any]:
+        """The settings as committed now (another process may have built or tuned since)."""
+        self.meta = read_meta(self.db)
+        return self.meta
+
+    def bytes_on_disk(self) -> int:
+        return sum(path.stat().st_size for path in self.directory.glob("*") if path.is_file())
+
+    def chunk_ids(self) -> np.ndarray:
+        return _chunk_ids(self.db)
+
+    def chunk_source(self, chunk_id: int) -> tuple[int, int, str, int, str]:
+        """A chunk's id, document id, text, start offset and sentence spans (JSON), as stored."""
+        return self.db.execute(
+            "select id, document_id, text, char_start, sentences from chunks where id = ?", [int(chunk_id)]
+        ).fetchone()
+
+    @contextlib.contextmanager
+    def chunk_text_replaced(self, chunk_id: int, text: str) -> Iterator[None]:
+        """Inside the block the chunk's full-text entry holds ``text``; the transaction is rolled
+        back on leaving, so nothing is ever committed (tuning scores a chunk's remainder this way)."""
+        self.db.execute("begin")
+        try:
+            rewrite_chunk_text(self.db, chunk_id, text)
+            yield
+        finally:
+            self.db.execute("rollback")
+
     def close(self) -> None:
         self.db.close()
 
@@ -482,8 +522,18 @@ class IndexWriter:
         return texts, spans
 
     def chunk_ids(self) -> np.ndarray:
-        rows = self.db.execute("select id from chunks order by id").fetchall()
-        return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+        return _chunk_ids(self.db)
+
+    def remove_documents(self, document_ids: Sequence[int], **options: Any) -> Committed:
+        """Commit a generation without these documents and adding nothing; ``options`` go to
+        :meth:`NextGeneration.commit`."""
+        empty = np.zeros((0, int(self.meta.get("dimension") or 0)), dtype=np.float32)
+        return self.commit([], empty, self.meta, document_ids, **options)
+
+    def stale_vector_files(self) -> list[str]:
+        """Generation files other than the committed one: older generations, crashed builds' leftovers."""
+        current = vectors_file(self.directory, self.meta["generation"]).name
+        return sorted(p.name for p in self.directory.glob("vectors-*.faiss*") if p.name != current)
 
     def _remove_stale_vector_files(self, keep: int) -> None:
         """Delete every generation file but ``keep``: older generations and leftovers of crashed builds."""
@@ -491,6 +541,33 @@ class IndexWriter:
         for path in self.directory.glob("vectors-*.faiss*"):
             if path.name != current:
                 path.unlink(missing_ok=True)
+
+    def remove_stale_vector_files(self) -> None:
+        self._remove_stale_vector_files(self.meta["generation"])
+
+    def faulty_rows(self, rule: str) -> int:
+        """How many rows break ``rule``, one of :data:`ROW_RULES`."""
+        return int(self.db.execute(ROW_RULES[rule][2]).fetchone()[0])
+
+    def repair_rows(self, rule: str) -> None:
+        with self.db.atomic():
+            self.db.execute(ROW_RULES[rule][3])
+
+    def lexical_fault(self) -> str | None:
+        """Why the FTS5 tables disagree with the chunks, or None when they agree."""
+        try:
+            self.db.execute("insert into chunks_fts(chunks_fts, rank) values('integrity-check', 1)")
+            self.db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('integrity-check')")
+        except sqlite3.DatabaseError as error:
+            return str(error)
+        return None
+
+    def rebuild_lexical(self) -> None:
+        """Refill both full-text tables from the chunks."""
+        with self.db.atomic():
+            self.db.execute("insert into chunks_fts(chunks_fts) values('rebuild')")
+            self.db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('delete-all')")
+            fill_cjk_table(self.db)
 
 
 class NextGeneration:
@@ -600,6 +677,23 @@ class NextGeneration:
         return Committed(generation, updated.vectors.settings, updated.rebuilt)
 
 
+# rule: (what is counted, detail, SQL counting the rows at fault, SQL repairing them)
+ROW_RULES = {
+    "orphan-chunks": (
+        "chunk",
+        "belonging to no document",
+        "select count(*) from chunks where document_id not in (select id from documents)",
+        "delete from chunks where document_id not in (select id from documents)",
+    ),
+    "chunk-counts": (
+        "document",
+        "with a wrong chunk count",
+        "select count(*) from documents d where chunk_count != "
+        "(select count(*) from chunks c where c.document_id = d.id)",
+        "update documents set chunk_count = "
+        "(select count(*) from chunks c where c.document_id = documents.id)",
+    ),
+}
 SQL_BATCH = 500  # ids per "in (...)" list, well under SQLite's parameter limit
 
 

@@ -18,22 +18,22 @@ real queries worse on SciFact: see the README.)
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import math
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ragidx.indexer.fusion import Fusion
-from ragidx.indexer.lexical import rewrite_chunk_text
+from ragidx.indexer.search import Ranked, SearchEngine
+from ragidx.indexer.store import IndexReader
 
 if TYPE_CHECKING:
-    from ragidx.app.retriever import Index
     from ragidx.indexer.store import IndexWriter
     from ragidx.indexer.strategies import Strategy
 
@@ -115,23 +115,18 @@ class TuningReport:
         return f"{head}, tuned on {self.queries} pseudo-queries in {self.seconds:.1f} s (nDCG@10 {figures})"
 
 
-def pseudo_queries(index: Index, limit: int = DEFAULT_QUERIES, seed: int = SEED) -> list[PseudoQuery]:
+def pseudo_queries(reader: IndexReader, limit: int = DEFAULT_QUERIES, seed: int = SEED) -> list[PseudoQuery]:
     """Up to ``limit`` cloze queries from chunks in a seeded random order: one per chunk while
     there are more usable chunks than ``limit``, else taken in turns from each (at most
     ``SCAN_FACTOR * limit`` chunks are read). The fixed seed makes tuning the same index twice give
     the same weights."""
-    db = index.reader.db
-    chunk_ids = [row[0] for row in db.execute("select id from chunks order by id")]
+    chunk_ids = reader.chunk_ids()
     rng = np.random.default_rng(seed)
     pools = []
     for position in rng.permutation(len(chunk_ids))[: SCAN_FACTOR * limit]:
         if len(pools) >= limit:
             break
-        row = db.execute(
-            "select id, document_id, text, char_start, sentences from chunks where id = ?",
-            [chunk_ids[position]],
-        ).fetchone()
-        pool = _cloze_options(*row)
+        pool = _cloze_options(*reader.chunk_source(chunk_ids[position]))
         if pool:
             pools.append([pool[i] for i in rng.permutation(len(pool))])
     chosen: list[PseudoQuery] = []
@@ -179,12 +174,15 @@ def document_ndcg(
     return 0.0
 
 
-def tune(index: Index, limit: int = DEFAULT_QUERIES) -> TuningReport:
+def tune(
+    engine: SearchEngine, strategy: Callable[[], Strategy], limit: int = DEFAULT_QUERIES
+) -> TuningReport:
     """Score every weight of the grid on the index's pseudo-queries and keep the best (see
     :func:`choose_weight`). An index of fewer than ``MIN_DOCUMENTS`` documents, or one that
-    yields fewer than ``MIN_QUERIES`` pseudo-queries, keeps equal weights."""
+    yields fewer than ``MIN_QUERIES`` pseudo-queries, keeps equal weights. ``strategy`` gives the
+    index's strategy, called only when there is enough to tune on (it may load the model)."""
     started = time.perf_counter()
-    counts = index.reader.counts()
+    counts = engine.reader.counts()
 
     def untuned(reason: str, queries: int = 0) -> TuningReport:
         elapsed = time.perf_counter() - started
@@ -192,15 +190,15 @@ def tune(index: Index, limit: int = DEFAULT_QUERIES) -> TuningReport:
 
     if counts["documents"] < MIN_DOCUMENTS:
         return untuned(f"{counts['documents']} documents are too few to tune on ({MIN_DOCUMENTS} needed)")
-    queries = pseudo_queries(index, limit)
+    queries = pseudo_queries(engine.reader, limit)
     answers = len({query.document_id for query in queries})
     if len(queries) < MIN_QUERIES or 2 * answers < MIN_QUERIES:
         return untuned(
             f"too little text for pseudo-queries ({len(queries)} from {answers} documents)", len(queries)
         )
-    rankings = _rankings(index, queries)
+    rankings = _rankings(engine, strategy(), queries)
     ids = sorted({chunk for lists in rankings for ranking in lists.values() for chunk, _ in ranking})
-    documents = index.reader.document_ids(ids)
+    documents = engine.reader.document_ids(ids)
 
     def per_query(fusion: Fusion) -> np.ndarray:
         return np.array(
@@ -256,35 +254,23 @@ def _clearly_better(scores: np.ndarray, than: np.ndarray) -> bool:
     return bool(gain.mean() > MIN_GAIN_Z * error)
 
 
-def _rankings(index: Index, queries: Sequence[PseudoQuery]) -> list[dict[str, list[tuple[int, float]]]]:
-    """Both lists with each query's chunk replaced by its remainder (see the module docstring)."""
+def _rankings(engine: SearchEngine, strategy: Strategy, queries: Sequence[PseudoQuery]) -> list[Ranked]:
+    """Both lists with each query's chunk replaced by its remainder (see the module docstring);
+    the remainder's BM25 comes from the index's own tokenizer and statistics, nothing committed."""
     texts = [q.text for q in queries]
-    vectors = index.embed(texts, "query")
-    remainders = index.strategy.encode(
+    vectors = strategy.encode(texts, "query")
+    remainders = strategy.encode(
         [q.remainder for q in queries], "document", sentences=[q.remainder_sentences for q in queries]
     )
-    rankings = index.rankings(texts, DEPTH + 1, vectors)
+    rankings = engine.rankings(texts, DEPTH + 1, vectors)
     for query, lists, vector, remainder in zip(queries, rankings, vectors, remainders, strict=True):
         dense = [(chunk, score) for chunk, score in lists["dense"] if chunk != query.chunk_id]
         dense.append((query.chunk_id, float(vector @ remainder)))
         lists["dense"] = sorted(dense, key=lambda pair: -pair[1])[: DEPTH + 1]
     for query, lists in zip(queries, rankings, strict=True):
-        with _remainder_in_full_text(index, query):
-            lists["lexical"] = index.reader.lexical_search(query.text, DEPTH + 1)
+        with engine.reader.chunk_text_replaced(query.chunk_id, query.remainder):
+            lists["lexical"] = engine.reader.lexical_search(query.text, DEPTH + 1)
     return rankings
-
-
-@contextlib.contextmanager
-def _remainder_in_full_text(index: Index, query: PseudoQuery) -> Iterator[None]:
-    """The query's chunk holds only its remainder inside a transaction that is rolled back on
-    leaving: BM25 scores it with the index's own tokenizer and statistics, and nothing is committed."""
-    db = index.reader.db
-    db.execute("begin")
-    try:
-        rewrite_chunk_text(db, query.chunk_id, query.remainder)
-        yield
-    finally:
-        db.execute("rollback")
 
 
 def needs_tuning(meta: Mapping[str, Any], chunks: int) -> bool:
@@ -304,10 +290,18 @@ def tune_and_store(
 
     ``strategy`` reuses a model the build already loaded; without it the index's own is loaded.
     """
-    from ragidx.app.retriever import Index
-    from ragidx.indexer.store import IndexReader
+    from ragidx.indexer.strategies import load_index_strategy
 
-    with Index(IndexReader(writer.directory), device=device, strategy=strategy) as index:
-        report = tune(index, limit)
+    reader = IndexReader(writer.directory)
+
+    @functools.cache
+    def index_strategy() -> Strategy:
+        return strategy or load_index_strategy(reader.meta, device)
+
+    try:
+        engine = SearchEngine(reader, lambda texts: index_strategy().encode(list(texts), "query"), device)
+        report = tune(engine, index_strategy, limit)
+    finally:
+        reader.close()
     writer.update_meta({"fusion": report.to_meta()})
     return report

@@ -95,11 +95,11 @@ def test_weights_move_from_equal_only_for_a_gain_beyond_the_noise():
 
 def test_pseudo_queries_cut_a_sentence_out_of_their_chunk(index):
     chunks = chunks_of(index)
-    usable = {q.chunk_id for q in pseudo_queries(index, 1000)}  # chunks with a sentence to cut out
+    usable = {q.chunk_id for q in pseudo_queries(index.reader, 1000)}  # chunks with a sentence to cut out
     assert usable <= set(chunks) and len(usable) > 60
-    assert {q.chunk_id for q in pseudo_queries(index, 100)} == usable  # fewer than 100: taken in turns
-    queries = pseudo_queries(index, 60)
-    assert queries == pseudo_queries(index, 60)  # a fixed seed
+    assert {q.chunk_id for q in pseudo_queries(index.reader, 100)} == usable  # fewer than 100: taken in turns
+    queries = pseudo_queries(index.reader, 60)
+    assert queries == pseudo_queries(index.reader, 60)  # a fixed seed
     assert len({q.chunk_id for q in queries}) == 60  # one per chunk while chunks outnumber the limit
     for query in queries:
         assert MIN_WORDS <= len(re.findall(r"\w+", query.text)) <= MAX_WORDS
@@ -113,9 +113,9 @@ def test_pseudo_queries_cut_a_sentence_out_of_their_chunk(index):
 
 def test_the_tuning_grid_equals_an_independent_computation(index, tmp_path):
     """Each query's chunk replaced by its remainder, in a copy of the database and re-embedded."""
-    report = tune(index, 40)
+    report = tune(index.engine, lambda: index.strategy, 40)
     assert (report.queries, report.reason) == (40, "")
-    queries = pseudo_queries(index, 40)
+    queries = pseudo_queries(index.reader, 40)
     copy = tmp_path / "copy.db"
     with sqlite3.connect(index.reader.directory / "ragidx.db") as source, sqlite3.connect(copy) as target:
         source.backup(target)  # the committed state, write-ahead log included
@@ -170,8 +170,8 @@ def test_the_tuning_grid_equals_an_independent_computation(index, tmp_path):
 
 def test_a_build_stores_the_tuned_weights_and_search_uses_them(index):
     stored = index.meta["fusion"]
-    assert stored["pseudo_queries"] == len(pseudo_queries(index)) and not stored["reason"]
-    assert Fusion.of_index(index.meta) == tune(index).fusion.normalised()
+    assert stored["pseudo_queries"] == len(pseudo_queries(index.reader)) and not stored["reason"]
+    assert Fusion.of_index(index.meta) == tune(index.engine, lambda: index.strategy).fusion.normalised()
     query = "how do I return a bicycle"
     explicit = index.search(query, k=10, weights=stored["weights"])
     assert [h.chunk_id for h in index.search(query, k=10)] == [h.chunk_id for h in explicit]
