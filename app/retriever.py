@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.maintenance import CheckReport, RemoveReport, check, remove
+from ragidx.indexer.models import canonical_model_id
+from ragidx.indexer.pipeline import BuildReport, build, build_options
 from ragidx.indexer.search import FilterSpec, Hit, Ranked, SearchEngine, SearchRequest, WeightSpec
-from ragidx.indexer.store import IndexReader, default_index_dir
+from ragidx.indexer.store import IndexReader, IndexWriter, default_index_dir
+from ragidx.indexer.strategies import load_index_strategy
+from ragidx.indexer.tuning import DEFAULT_QUERIES, TuningReport, tune_and_store
+from ragidx.indexer.watch import watch
 
 if TYPE_CHECKING:
     from ragidx.indexer.strategies import Role, Strategy
@@ -54,18 +61,40 @@ class Index:
 
     @classmethod
     def build(cls, paths: Sequence[str | Path], index: str | Path | None = None, **options: Any) -> Index:
-        """Index the documents under ``paths`` into ``index`` and open it.
-
-        ``options`` are ``ragidx build``'s, in Python spelling (``model=``, ``strategy="htp"``,
-        ``chunk_tokens=``, ``device=``, strategy options such as ``layers="20-27"``...).
-        """
-        from ragidx.indexer.pipeline import build, build_options
-
+        """Index the documents under ``paths`` into ``index`` and open it (see :meth:`update`)."""
         settings = build_options(index, **options)
         build(list(paths), settings)
         return cls.open(
             settings.index_dir, device=settings.device, trust_remote_code=settings.trust_remote_code
         )
+
+    @staticmethod
+    def update(paths: Sequence[str | Path], index: str | Path | None = None, **options: Any) -> BuildReport:
+        """Create the index at ``index`` or bring it up to date with ``paths``, as ``ragidx build``
+        does: new and changed files are embedded, files gone from ``paths`` removed.
+
+        ``options`` are ``ragidx build``'s, in Python spelling (``model=``, ``strategy="htp"``,
+        ``chunk_tokens=``, ``device=``, strategy options such as ``layers="20-27"``...); settings
+        not given are the index's own.
+        """
+        return build(list(paths), build_options(index, **options))
+
+    @staticmethod
+    def watch(
+        paths: Sequence[str | Path],
+        index: str | Path | None = None,
+        *,
+        on_build: Callable[[BuildReport], None],
+        on_error: Callable[[str], None],
+        settle: float = 1.0,
+        on_start: Callable[[], None] = lambda: None,
+        stop: threading.Event | None = None,
+        **options: Any,
+    ) -> None:
+        """:meth:`update` now and again after every settled burst of changes under ``paths``, until
+        ``stop`` is set or KeyboardInterrupt (``ragidx watch``); ``options`` as for :meth:`update`."""
+        settings = build_options(index, **options)
+        watch(list(paths), settings, on_build, on_error, settle, stop, on_start)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -85,16 +114,12 @@ class Index:
         other model settings."""
         settings = self._model_settings()
         if self._strategy is None or settings != self._strategy_settings:
-            from ragidx.indexer.strategies import load_index_strategy
-
             self._strategy = load_index_strategy(self.meta, self.device, self.dtype, self.trust_remote_code)
             self._strategy_settings = settings
         return self._strategy
 
     def check_compatible(self, model: str | None = None, strategy: str | None = None) -> None:
         """Refuse a query that names another model or strategy than the index was built with."""
-        from ragidx.indexer.models import canonical_model_id
-
         model = canonical_model_id(model) if model else None
         for option, given, stored in (
             ("--model", model, self.meta["model"]),
@@ -177,6 +202,31 @@ class Index:
         """Each query's dense and lexical candidates (chunk id, score), best first: what hybrid
         search fuses (see :meth:`SearchEngine.rankings`)."""
         return self.engine.rankings(queries, depth, vectors)
+
+    def remove(self, paths: Sequence[str | Path]) -> RemoveReport:
+        """Drop the indexed documents at or under ``paths`` (which need not exist on disk any more)
+        in a new generation, as ``ragidx rm`` does."""
+        report = remove(paths, self.reader.directory)
+        self.refresh()
+        return report
+
+    def tune(self, queries: int = DEFAULT_QUERIES) -> TuningReport:
+        """Tune the hybrid fusion weights on ``queries`` pseudo-queries from the index's own
+        documents and store them, as ``ragidx tune`` does; searches use them at once."""
+        self.refresh()
+        loaded = self._strategy if self._strategy_settings == self._model_settings() else None
+        with IndexWriter(self.reader.directory) as writer:
+            report = tune_and_store(writer, loaded, queries, self.device)
+        self.refresh()
+        return report
+
+    @classmethod
+    def check(
+        cls, directory: str | Path | None = None, *, repair: bool = False, device: str = "auto"
+    ) -> CheckReport:
+        """Verify (and with ``repair`` fix) that vectors, chunks, lexical rows and generation files
+        agree, as ``ragidx check`` does. A class method: a damaged index need not open."""
+        return check(Path(directory or default_index_dir()), repair, device)
 
     def info(self) -> dict[str, Any]:
         return {

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -19,12 +20,42 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
 
 from ragidx.indexer.cache import cache_dir
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
-from ragidx.indexer.models import GgufFile
+from ragidx.indexer.quiet import quiet_transformers
+
+
+@dataclass(frozen=True)
+class GgufFile:
+    """A GGUF model as one file or as parts that concatenate into one; identified by SHA-256."""
+
+    parts: tuple[Path, ...]
+    expected_sha256: str | None = None
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """Read first of all, so an unreadable file is named as such, not blamed on the cache."""
+        digest = hashlib.sha256()
+        for part in self.parts:
+            try:
+                with part.open("rb") as file:
+                    while block := file.read(1 << 22):
+                        digest.update(block)
+            except OSError as error:
+                raise RagidxError(f"cannot read model file {part}: {error.strerror or error}") from None
+        return digest.hexdigest()
+
+    def record(self) -> dict[str, Any]:
+        """What an index stores to notice a changed file later."""
+        return {"path": [str(part) for part in self.parts], "sha256": self.sha256}
+
 
 # GGUF names of the architectures ragidx supports (llama.cpp writes Mistral models as "llama").
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
@@ -66,8 +97,6 @@ def converted_folder(gguf: GgufFile) -> Path:
 @contextlib.contextmanager
 def _cache_errors(root: Path) -> Iterator[None]:
     """A cache that cannot be written (read-only, full, not a folder) is one line, not a traceback."""
-    from safetensors import SafetensorError
-
     try:
         yield
     except (OSError, SafetensorError) as error:  # safetensors reports a failed write as its own error
@@ -178,8 +207,6 @@ def _convert(gguf: GgufFile, target: Path) -> None:
     """Dequantise into float32 safetensors plus tokenizer files in ``target``, manifest last."""
     import torch
     from transformers import AutoModel, AutoTokenizer
-
-    from ragidx.indexer.runtime import quiet_transformers
 
     quiet_transformers()
     started = time.perf_counter()

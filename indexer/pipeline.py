@@ -13,14 +13,25 @@ from typing import Any
 import numpy as np
 
 from ragidx import __version__
+from ragidx.indexer.auto_strategy import choose_strategy
 from ragidx.indexer.changes import ChangePlan, plan_changes
+from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.maintenance import reembed
 from ragidx.indexer.models import canonical_model_id, check_same_file, resolve_model
 from ragidx.indexer.progress import progress as progress_bar
-from ragidx.indexer.runtime import default_model, load_runtime
+from ragidx.indexer.runtime import default_model
 from ragidx.indexer.sources import ScanResult, SkippedFile, SourceDocument, read_document, scan
 from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration, default_index_dir
+from ragidx.indexer.strategies import (
+    LONG_DOCUMENT_STRATEGY,
+    BatchSettings,
+    create_strategy,
+    default_strategy,
+    load_runtime_for,
+    strategy_class,
+    strategy_from_index,
+)
 from ragidx.indexer.tuning import TuningReport, needs_tuning, tune_and_store
 from ragidx.indexer.vector_index import VectorIndexSettings
 
@@ -214,7 +225,7 @@ def build(
         )
         runtime = loaded.get(arguments) if loaded is not None else None
         if runtime is None:
-            runtime = load_runtime(*arguments)
+            runtime = load_runtime_for(*arguments)
             if loaded is not None:
                 loaded.clear()
                 loaded[arguments] = runtime
@@ -318,9 +329,6 @@ def _choose_strategy(
     options: BuildOptions, stored: dict[str, Any], runtime: Any, documents: Sequence[SourceDocument]
 ) -> tuple[str, str]:
     """The strategy's name and the reason it was chosen (stored in the index and printed)."""
-    from ragidx.indexer.auto_strategy import choose_strategy
-    from ragidx.indexer.strategies import LONG_DOCUMENT_STRATEGY, default_strategy
-
     if options.strategy == "auto":
         if not options.rebuild and str(stored.get("strategy_reason", "")).startswith("auto"):
             return stored["strategy"], stored["strategy_reason"]
@@ -335,8 +343,6 @@ def _choose_strategy(
 
 def _create_strategy(name: str, runtime: Any, options: BuildOptions, stored: dict[str, Any]) -> Any:
     """The strategy with the index's stored parameters (same strategy), overridden by those given."""
-    from ragidx.indexer.strategies import BatchSettings, create_strategy, strategy_from_index
-
     given = {
         "document_template": options.document_template,
         "query_template": options.query_template,
@@ -351,7 +357,6 @@ def _create_strategy(name: str, runtime: Any, options: BuildOptions, stored: dic
 
 
 def _create_chunker(runtime: Any, strategy: Any, options: BuildOptions, stored: dict[str, Any]) -> Any:
-    from ragidx.indexer.chunking import Chunker
 
     previous = stored.get("chunker", {}) if stored.get("strategy") == strategy.name else {}
     return Chunker(
@@ -408,7 +413,6 @@ def _refuse_incompatible(existing: dict[str, Any], settings: dict[str, Any]) -> 
     """Adding to an index built with other settings needs ``--rebuild``: its vectors would not mix."""
     if not existing:
         return
-    from ragidx.indexer.strategies import strategy_class
 
     if existing.get("strategy") == settings["strategy"]:
         upgraded = strategy_class(settings["strategy"]).upgrade_params(existing.get("strategy_params", {}))

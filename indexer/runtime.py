@@ -7,9 +7,8 @@ attention mask, last *real* token, stop after the last layer a strategy reads) l
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.models import ModelSource, resolve_model
 from ragidx.indexer.packed_linear import pack_linear_weights
+from ragidx.indexer.precision import cpu_auto_dtype
+from ragidx.indexer.quiet import quiet_transformers
 
 if TYPE_CHECKING:
     import torch
@@ -321,7 +322,6 @@ def resolve_dtype(dtype: str, device: str, config: Any = None, bfloat16_ok: bool
         return {"cuda": "bfloat16", "mps": "float16"}[device]
     if config is None:
         return "float32"
-    from ragidx.indexer.precision import cpu_auto_dtype
 
     hidden = int(config.hidden_size)
     return cpu_auto_dtype(hidden, int(getattr(config, "intermediate_size", None) or 4 * hidden))
@@ -357,17 +357,16 @@ def load_runtime(
     device: str = "auto",
     dtype: str = "auto",
     trust_remote_code: bool = False,
-    strategies: Iterable[str | None] = (),
+    bfloat16_ok: Callable[[Any], bool] | None = None,
 ) -> ModelRuntime:
     """Load tokenizer and base model (no LM head) by short name, GGUF file, local folder or hub id.
 
-    ``dtype="auto"`` stays float32 when one of ``strategies`` (``None``: the model's default)
-    would be moved too far by bf16 (see :func:`ragidx.indexer.strategies.bfloat16_ok`).
+    ``dtype="auto"`` stays float32 when ``bfloat16_ok(config)`` says bf16 would move the vectors
+    too far for a model of this config (the strategies decide: see
+    :func:`ragidx.indexer.strategies.load_runtime_for`).
     """
     import torch
     from transformers import AutoModel, AutoTokenizer
-
-    from ragidx.indexer.strategies import bfloat16_ok  # a local import: strategies import this module
 
     source = model if isinstance(model, ModelSource) else resolve_model(model)
     model = source.model_id
@@ -376,7 +375,8 @@ def load_runtime(
     if config.model_type not in DECODER_TYPES + ENCODER_TYPES:
         raise unsupported_architecture(config.model_type)
     device = resolve_device(device)
-    torch_dtype = getattr(torch, resolve_dtype(dtype, device, config, bfloat16_ok(strategies, config)))
+    half_ok = bfloat16_ok(config) if bfloat16_ok else True
+    torch_dtype = getattr(torch, resolve_dtype(dtype, device, config, half_ok))
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
         network_model = AutoModel.from_pretrained(
@@ -398,12 +398,3 @@ def load_runtime(
     model_file = source.gguf.record() if source.gguf else None
     revision = getattr(config, "_commit_hash", None)
     return ModelRuntime(network_model, tokenizer, source.model_id, revision, local, model_file)
-
-
-def quiet_transformers() -> None:
-    """Hub retries and weight loading print warnings and bars; the user gets one clear line instead."""
-    from transformers.utils import logging as transformers_logging
-
-    for name in ("huggingface_hub", "transformers"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    transformers_logging.disable_progress_bar()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ragidx.indexer import extractors
 from ragidx.indexer.errors import RagidxError
 
 READERS = {
@@ -207,8 +208,6 @@ def read_document(path: Path, known_hash: str | None = None) -> SourceDocument |
 def _extract(kind: str, data: bytes) -> tuple[str, dict[str, Any], list[int] | None] | str:
     """The text, metadata and page starts of a file's bytes, or why it cannot be used."""
     if kind in EXTRACTED_KINDS:
-        from ragidx.indexer import extractors
-
         extract = extractors.extract_pdf if kind == "pdf" else extractors.extract_docx
         try:
             extracted = extract(data)
@@ -236,8 +235,6 @@ def span_pages(page_starts: Sequence[int] | None, start: int, end: int) -> list[
 
 def decode_text(data: bytes) -> str | None:
     """UTF-8 (with or without BOM), UTF-16 with a BOM, else charset detection; None for binary."""
-    from charset_normalizer import from_bytes
-
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         try:
             return data.decode("utf-16")
@@ -249,6 +246,8 @@ def decode_text(data: bytes) -> str | None:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         pass
+    from charset_normalizer import from_bytes
+
     matches = from_bytes(data)
     best = matches.best()
     if best is None:
@@ -295,11 +294,11 @@ def split_front_matter(text: str) -> tuple[str, dict[str, Any]]:
     horizontal rule, broken YAML) stays part of the text. Dates and other non-JSON values become
     strings, so the metadata round-trips through the index's JSON column unchanged.
     """
-    import yaml
-
     match = FRONT_MATTER.match(text)
     if not match:
         return text, {}
+    import yaml
+
     try:
         data = yaml.safe_load(match.group(1))
     except yaml.YAMLError:

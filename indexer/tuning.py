@@ -32,6 +32,7 @@ import numpy as np
 from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.search import Ranked, SearchEngine
 from ragidx.indexer.store import IndexReader
+from ragidx.indexer.strategies import load_index_strategy
 
 if TYPE_CHECKING:
     from ragidx.indexer.store import IndexWriter
@@ -290,8 +291,6 @@ def tune_and_store(
 
     ``strategy`` reuses a model the build already loaded; without it the index's own is loaded.
     """
-    from ragidx.indexer.strategies import load_index_strategy
-
     reader = IndexReader(writer.directory)
 
     @functools.cache

@@ -8,17 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from ragidx.indexer.calibration import (
+from ragidx.app.research.calibrate import calibrate_and_cache, calibration_texts
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies import create_strategy
+from ragidx.indexer.strategies.layer_calibration import (
     calibrate,
-    calibrate_and_cache,
-    calibration_texts,
     layer_representations,
     load_calibration,
     select_layers,
     two_nn,
 )
-from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.strategies import create_strategy
 
 
 @pytest.mark.parametrize("dimension", [2, 5, 10])

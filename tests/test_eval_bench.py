@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from test_cli import assert_one_line_error, ragidx
 
+from ragidx.app.research.evaluation import document_text, load_beir, load_sts, subsample
+from ragidx.app.research.metrics import mean_retrieval_metrics, spearman
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.evaluation import document_text, load_beir, load_sts, subsample
-from ragidx.indexer.metrics import mean_retrieval_metrics, spearman
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_eval_retrieval_equals_exact_search_over_whole_documents(beir, tiny_mode
 
 def test_eval_reports_tuned_hybrid_beside_equal_weights(beir, tiny_models, tmp_path):
     """With the index's weights set to lexical only, ``hybrid`` ranks documents as ``lexical`` does."""
-    from ragidx.indexer.evaluation import EVAL_MODES, evaluate_retrieval
+    from ragidx.app.research.evaluation import EVAL_MODES, evaluate_retrieval
     from ragidx.indexer.pipeline import BuildOptions
     from ragidx.indexer.store import IndexWriter
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ragidx.indexer.metrics import (
+from ragidx.app.research.metrics import (
     average_ranks,
     mean_retrieval_metrics,
     mrr_at,

@@ -35,7 +35,7 @@ def independent_ndcg_at_10(model_path: Path) -> float:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from ragidx.indexer.evaluation import load_beir, subsample
+    from ragidx.app.research.evaluation import load_beir, subsample
 
     dataset = subsample(load_beir(SCIFACT, "train"), MAX_DOCS, MAX_QUERIES)
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -140,7 +140,7 @@ def test_prompteol_reaches_the_sts_floor_that_random_weights_cannot(real_runtime
     import torch
     from transformers import AutoModel
 
-    from ragidx.indexer.evaluation import evaluate_sts, load_sts
+    from ragidx.app.research.evaluation import evaluate_sts, load_sts
     from ragidx.indexer.runtime import ModelRuntime
     from ragidx.indexer.strategies import create_strategy
 

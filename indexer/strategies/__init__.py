@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.models import ModelSource, check_same_file, resolve_model
+from ragidx.indexer.runtime import ENCODER_TYPES, ModelRuntime, load_runtime
 from ragidx.indexer.strategies.base import BatchSettings, Role, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.contrastive import ContrastivePrompting
@@ -15,9 +17,6 @@ from ragidx.indexer.strategies.paper_models import GEMMA3_270M, SMOLLM2_135M, is
 from ragidx.indexer.strategies.prompts import KnowledgePrompt, PretendedCoT, PromptEOL
 from ragidx.indexer.strategies.token_prepending import GlobalTokenPrepending, HierarchicalTokenPrepending
 from ragidx.indexer.strategies.value_aggregation import AlignedWeightedValues, ValueVectors, WeightedValues
-
-if TYPE_CHECKING:
-    from ragidx.indexer.runtime import ModelRuntime
 
 REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls
@@ -56,6 +55,7 @@ __all__ = [
     "bfloat16_ok",
     "create_strategy",
     "default_strategy",
+    "load_runtime_for",
     "strategy_from_index",
 ]
 
@@ -84,8 +84,6 @@ def bfloat16_ok(names: Iterable[str | None], config: Any = None) -> bool:
 def default_strategy(config: Any) -> tuple[str, str]:
     """The strategy for a model of ``config`` when none is given, and why: mean pooling for encoders,
     the measured best for a packaged decoder, AlignedWVA for other decoders."""
-    from ragidx.indexer.runtime import ENCODER_TYPES
-
     if config.model_type in ENCODER_TYPES:
         return "mean", "default for encoder models"
     for model, fingerprint, name in MEASURED_DEFAULTS:
@@ -104,14 +102,24 @@ def load_index_strategy(
     meta: dict[str, Any], device: str = "auto", dtype: str | None = None, trust_remote_code: bool = False
 ) -> Strategy:
     """The model and strategy an index was built with, loaded; a changed GGUF file is refused."""
-    from ragidx.indexer.models import check_same_file, resolve_model
-    from ragidx.indexer.runtime import load_runtime
-
     source = resolve_model(meta["model"])
     check_same_file(source, meta.get("model_file"))
     dtype = dtype or meta.get("dtype", "auto")
-    runtime = load_runtime(source, device, dtype, trust_remote_code, strategies=[meta["strategy"]])
+    runtime = load_runtime_for(source, device, dtype, trust_remote_code, [meta["strategy"]])
     return strategy_from_index(meta["strategy"], runtime, meta["strategy_params"])
+
+
+def load_runtime_for(
+    model: str | ModelSource,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    strategies: Iterable[str | None] = (),
+) -> ModelRuntime:
+    """:func:`load_runtime` for these strategies: ``dtype="auto"`` stays float32 when one of them
+    (``None``: the model's default) would be moved too far by bf16 (see :func:`bfloat16_ok`)."""
+    names = list(strategies)
+    return load_runtime(model, device, dtype, trust_remote_code, lambda config: bfloat16_ok(names, config))
 
 
 def create_strategy(name: str, runtime: ModelRuntime, **params: Any) -> Strategy:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import PreparedText, Strategy
+from ragidx.indexer.strategies.kv_rerouting import reroute
+from ragidx.indexer.strategies.layer_calibration import load_calibration
 from ragidx.indexer.strategies.layers import parse_layers, relative_layers
 from ragidx.indexer.strategies.paper_models import (
     LLAMA31_8B,
@@ -41,8 +43,6 @@ FALLBACK_DEPTH = (0.35, 0.6)
 
 def default_layer_set(runtime: ModelRuntime) -> tuple[list[int], str]:
     """The paper's set for a model it names, else this model's cached calibration, else mid depth."""
-    from ragidx.indexer.calibration import load_calibration
-
     paper = paper_layers(runtime.model.config, PAPER_LAYER_SETS)
     if paper:
         return paper
@@ -92,7 +92,6 @@ class KVEmbedding(Strategy):
         return {"layer_source": self.layer_source}
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
-        from ragidx.indexer.strategies.kv_rerouting import reroute
 
         with reroute(self.runtime, self.layers, self.kv_bias, batch.last_positions):
             states = self.runtime.forward(batch)

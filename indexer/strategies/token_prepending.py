@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import (
     ROLES,
@@ -251,8 +252,6 @@ class HierarchicalTokenPrepending(TokenPrepending):
     def sentences(self, text: str) -> list[Span]:
         """Sentence spans for a text that comes without them (queries, ``ragidx embed``)."""
         if self._splitter is None:
-            from ragidx.indexer.chunking import Chunker
-
             self._splitter = Chunker(self.runtime.tokenizer, self.max_length, overlap_sentences=0)
         return self._splitter.sentences(text)
 

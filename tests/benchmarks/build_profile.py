@@ -56,7 +56,7 @@ def cumulative(stats: pstats.Stats, name: str, filename: str) -> float:
 
 
 def main() -> None:
-    from ragidx.indexer.calibration import SAMPLE_CORPUS
+    from ragidx.app.research.calibrate import SAMPLE_CORPUS
     from ragidx.indexer.pipeline import BuildOptions, build
     from ragidx.indexer.runtime import load_runtime
 

@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 
 from ragidx.app import Index
-from ragidx.indexer.evaluation import document_id, load_beir, subsample
+from ragidx.app.research.evaluation import document_id, load_beir, subsample
+from ragidx.app.research.metrics import ndcg_at
 from ragidx.indexer.fusion import Fusion
-from ragidx.indexer.metrics import ndcg_at
 from ragidx.indexer.tuning import DENSE_WEIGHTS, TuningReport
 
 DEPTH = 320  # what hybrid search fuses when eval asks for ~160 chunks

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dtype import qwen2_05b_shaped
 from tiny_models import SAMPLE_CORPUS, save_tiny_model
 
-from ragidx.indexer.bench import PeakRss
+from ragidx.app.research.bench import PeakRss
 
 MIB = 2**20
 

@@ -72,7 +72,7 @@ def normalised(vectors: np.ndarray) -> np.ndarray:
 
 
 def retrieval_ndcg(chunks: np.ndarray, owners: Sequence[str], queries: np.ndarray, dataset) -> float:
-    from ragidx.indexer.metrics import mean_retrieval_metrics
+    from ragidx.app.research.metrics import mean_retrieval_metrics
 
     scores = normalised(queries) @ normalised(chunks).T
     documents = sorted(set(owners))
@@ -89,7 +89,7 @@ def retrieval_ndcg(chunks: np.ndarray, owners: Sequence[str], queries: np.ndarra
 
 
 def sts_spearman(first: np.ndarray, second: np.ndarray, gold: Sequence[float]) -> float:
-    from ragidx.indexer.metrics import spearman
+    from ragidx.app.research.metrics import spearman
 
     return 100 * spearman((normalised(first) * normalised(second)).sum(axis=-1).tolist(), list(gold))
 
@@ -106,13 +106,12 @@ def main() -> None:
     parser.add_argument("--sweep", default=None, help="OPTION=V1;V2;...: one strategy per value instead")
     parser.add_argument("options", nargs="*", help="OPTION=VALUE for the strategy")
     args = parser.parse_args()
+    from ragidx.app.research.evaluation import document_text, load_beir, load_sts, subsample
     from ragidx.indexer.chunking import Chunker
-    from ragidx.indexer.evaluation import document_text, load_beir, load_sts, subsample
-    from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.strategies import create_strategy, strategy_class
+    from ragidx.indexer.strategies import create_strategy, load_runtime_for, strategy_class
 
     options = {key: typed(value) for key, value in (option.split("=", 1) for option in args.options)}
-    runtime = load_runtime(args.model, "cpu", args.dtype, strategies=[args.strategy])
+    runtime = load_runtime_for(args.model, "cpu", args.dtype, strategies=[args.strategy])
     strategy = create_strategy(args.strategy, runtime, **options)
     dataset = subsample(load_beir(EVAL_DATA / "scifact", "train"), args.docs, args.queries)
     chunker = Chunker(runtime.tokenizer, strategy_class(args.strategy).default_chunk_tokens, 1, None)

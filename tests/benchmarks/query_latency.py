@@ -27,7 +27,7 @@ def percentiles(milliseconds: list[float]) -> str:
 
 def main() -> None:
     from ragidx.app import Index
-    from ragidx.indexer.calibration import SAMPLE_CORPUS
+    from ragidx.app.research.calibrate import SAMPLE_CORPUS
     from ragidx.indexer.pipeline import BuildOptions, build
     from ragidx.indexer.sources import scan
 

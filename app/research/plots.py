@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ragidx.app.research.metrics import RETRIEVAL_METRICS
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.layer_calibration import EARLY_FRACTION
 
 if TYPE_CHECKING:
-    from ragidx.indexer.calibration import Calibration
-    from ragidx.indexer.evaluation import RetrievalReport, StsReport
+    from ragidx.app.research.evaluation import RetrievalReport, StsReport
+    from ragidx.indexer.strategies.layer_calibration import Calibration
 
 
 def _pyplot() -> Any:
@@ -25,8 +27,6 @@ def _pyplot() -> Any:
 
 def plot_calibration(calibration: Calibration, path: Path) -> None:
     """The intrinsic-dimension curve, the excluded early layers shaded and the chosen window marked."""
-    from ragidx.indexer.calibration import EARLY_FRACTION
-
     plt = _pyplot()
     layers = range(len(calibration.curve))
     figure, axes = plt.subplots(figsize=(7, 3.5))
@@ -60,8 +60,6 @@ def _save(figure: Any, plt: Any, path: Path) -> None:
 
 def plot_retrieval(report: RetrievalReport, path: Path) -> None:
     """One panel per metric, one bar per strategy and mode."""
-    from ragidx.indexer.metrics import RETRIEVAL_METRICS
-
     plt = _pyplot()
     labels = [f"{row.label or row.strategy}\n{row.mode}" for row in report.rows]
     figure, panels = plt.subplots(1, len(RETRIEVAL_METRICS), figsize=(3.2 * len(RETRIEVAL_METRICS), 3.6))

@@ -2,7 +2,8 @@
 
 The TwoNN intrinsic dimension of every layer's mean-pooled output over ~1,000 texts traces a
 curve through the network; KV-Embedding re-routes in the window that starts at its minimum.
-The curve depends only on the model, so it is computed once (``ragidx calibrate``) and cached.
+The curve depends only on the model, so it is computed once (``ragidx calibrate``, whose text
+gathering lives in ``app.research.calibrate``) and cached.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ragidx.indexer.cache import cache_dir
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.pooling import masked_mean
 
 if TYPE_CHECKING:
     from ragidx.indexer.runtime import ModelRuntime
@@ -31,9 +33,7 @@ EARLY_FRACTION = 0.2  # layers below floor(0.2·L) only encode surface features 
 WINDOW_FRACTION = 0.1  # S = {l*, ..., min(L-1, l* + floor(0.1·L))}
 DEFAULT_TEXT_COUNT = 1000
 MIN_TEXT_COUNT = 20
-MIN_SENTENCE_WORDS = 4
 MAX_TEXT_TOKENS = 512
-SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "sample_corpus"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json")
 
 
@@ -84,8 +84,6 @@ def layer_representations(
     text and, as attention sinks, often huge, so they would swamp the distances TwoNN measures.
     """
     import torch
-
-    from ragidx.indexer.strategies.pooling import masked_mean
 
     specials = torch.tensor(sorted(set(runtime.tokenizer.all_special_ids)), dtype=torch.long)
     sequences = [ids[:MAX_TEXT_TOKENS] for ids in runtime.tokenize(texts)]
@@ -213,72 +211,3 @@ def load_calibration(runtime: ModelRuntime) -> Calibration | None:
         return None
     valid = all(0 <= layer < runtime.arch.num_layers for layer in calibration.layers)
     return calibration if valid and calibration.layers else None
-
-
-def calibration_texts(source: Path | None, count: int, tokenizer: Any) -> tuple[list[str], str]:
-    """Up to ``count`` distinct texts and a description of where they came from.
-
-    A ``.txt`` file gives one text per line and a ``.jsonl`` file the "text" field of each line;
-    a folder or any other document gives its sentences (split as ``build`` splits them), keeping
-    those of at least four words. Without a source: the sentences of ragidx's sample corpus.
-    A larger pool is subsampled with a fixed seed, so a calibration can be repeated exactly.
-    """
-    source = source or SAMPLE_CORPUS
-    if not source.exists():
-        raise RagidxError(f"calibration texts not found: {source} (give a file or folder with --texts)")
-    if source.is_file() and source.suffix == ".txt":
-        texts = [line.strip() for line in source.read_text(encoding="utf-8", errors="replace").splitlines()]
-    elif source.is_file() and source.suffix == ".jsonl":
-        texts = _jsonl_texts(source)
-    else:
-        texts = _document_sentences(source, tokenizer)
-    unique = [text for text in dict.fromkeys(texts) if text]
-    if len(unique) > count:
-        keep = np.sort(np.random.default_rng(0).choice(len(unique), size=count, replace=False))
-        unique = [unique[i] for i in keep]
-    return unique, str(source)
-
-
-def _jsonl_texts(path: Path) -> list[str]:
-    texts = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                texts.append(str(json.loads(line)["text"]).strip())
-            except (ValueError, KeyError, TypeError):
-                raise RagidxError(f'{path}:{number}: expected a JSON object with a "text" field') from None
-    return texts
-
-
-def _document_sentences(source: Path, tokenizer: Any) -> list[str]:
-    from ragidx.indexer.chunking import Chunker
-    from ragidx.indexer.sources import scan
-
-    chunker = Chunker(tokenizer, chunk_tokens=MAX_TEXT_TOKENS, overlap_sentences=0)
-    sentences = []
-    for document in scan([source]).documents:
-        for start, end in chunker.sentences(document.text):
-            sentence = " ".join(document.text[start:end].split())
-            if len(sentence.split()) >= MIN_SENTENCE_WORDS:
-                sentences.append(sentence)
-    return sentences
-
-
-def calibrate_and_cache(
-    runtime: ModelRuntime, source: Path | None, count: int, progress: bool = True
-) -> tuple[Calibration, Path]:
-    """``ragidx calibrate``: gather texts, measure the curve with a progress bar, cache the result."""
-    import sys
-
-    from tqdm import tqdm
-
-    texts, texts_from = calibration_texts(source, count, runtime.tokenizer)
-    with tqdm(
-        total=len(texts), desc="calibrating", unit="text", disable=None if progress else True, file=sys.stderr
-    ) as bar:
-        calibration = calibrate(runtime, texts, texts_from, bar.update)
-    path = cache_path(calibration.model_key)
-    save_calibration(calibration, path)
-    return calibration, path

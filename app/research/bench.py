@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ragidx.indexer.chunking import Chunker
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.packed_linear import unpacked
 from ragidx.indexer.precision import best_flops_per_second
+from ragidx.indexer.runtime import resolve_device, resolve_dtype
+from ragidx.indexer.sources import scan
+from ragidx.indexer.strategies import create_strategy, default_strategy, load_runtime_for
 
 if TYPE_CHECKING:
     from ragidx.indexer.runtime import ModelRuntime
@@ -100,8 +106,6 @@ def _plain_forward_rate(runtime: ModelRuntime, texts: Sequence[str]) -> Anchor:
     """Ten lines of transformers: tokenizer padding in input order, full forward, masked mean
     (with the model's linear layers as transformers ships them, not packed)."""
     import torch
-
-    from ragidx.indexer.packed_linear import unpacked
 
     tokenizer, model = runtime.tokenizer, runtime.model
 
@@ -247,10 +251,6 @@ def bench_strategy(
 
 def bench_texts(runtime: ModelRuntime, source: Path, chunk_tokens: int, limit: int | None) -> list[str]:
     """Chunks of the documents under ``source``, cut as ``build`` cuts them."""
-    from ragidx.indexer.chunking import Chunker
-    from ragidx.indexer.errors import RagidxError
-    from ragidx.indexer.sources import scan
-
     chunker = Chunker(runtime.tokenizer, chunk_tokens=chunk_tokens, overlap_sentences=0)
     texts = [chunk.text for document in scan([source]).documents for chunk in chunker.chunk(document.text)]
     if not texts:
@@ -282,9 +282,6 @@ def run_bench(
     queries: int,
 ) -> BenchReport:
     """Every strategy in every dtype over the same chunks, with the probes and anchors in one run."""
-    from ragidx.indexer.runtime import load_runtime, resolve_device, resolve_dtype
-    from ragidx.indexer.strategies import create_strategy, default_strategy
-
     device = resolve_device(device)
     for dtype in dtypes:
         resolve_dtype(dtype, device)  # a misspelt dtype fails now, not after the probes
@@ -292,7 +289,7 @@ def run_bench(
     rows: list[BenchRow] = []
     chunks: list[str] = []
     for dtype in dtypes:
-        runtime = load_runtime(model, device, dtype, strategies=strategies)
+        runtime = load_runtime_for(model, device, dtype, strategies=strategies)
         chunks = chunks or bench_texts(runtime, source, chunk_tokens, max_texts)
         anchor = anchor_rate(runtime, chunks)
         for name in strategies:

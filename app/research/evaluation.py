@@ -20,10 +20,15 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
+from ragidx.app import Index
+from ragidx.app.research.metrics import mean_retrieval_metrics, spearman
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.fusion import Fusion
-from ragidx.indexer.metrics import mean_retrieval_metrics, spearman
+from ragidx.indexer.pipeline import build
+from ragidx.indexer.progress import progress as progress_bar
+from ragidx.indexer.runtime import default_model
 from ragidx.indexer.store import index_exists
+from ragidx.indexer.strategies import COMMON_PARAMS, create_strategy, default_strategy, strategy_class
 
 DOCUMENTS_PER_QUERY = 100  # the deepest cut-off any metric reads (Recall@100)
 # Eval modes: the search modes, plus hybrid with fixed equal weights to set beside the tuned ones.
@@ -58,8 +63,6 @@ def expand_variants(strategies: Sequence[str | None], sweeps: Mapping[str, Seque
     An option is applied to the strategies that take it (a baseline listed beside a swept
     strategy runs once, as it is); one that no listed strategy takes is refused.
     """
-    from ragidx.indexer.strategies import COMMON_PARAMS, strategy_class
-
     sweeps = {name: list(values) for name, values in sweeps.items() if values}
     if sweeps and None in strategies:
         raise RagidxError("name the strategies (--strategy) whose options are given")
@@ -258,10 +261,6 @@ def evaluate_retrieval(
     strategy options and the index folder are set per variant (a plain name is a variant
     without options).
     """
-    from ragidx.app import Index
-    from ragidx.indexer.pipeline import build
-    from ragidx.indexer.runtime import default_model
-
     model = options.model or default_model()
     report = RetrievalReport(dataset.name, split, len(dataset.corpus), len(dataset.queries), model)
     with tempfile.TemporaryDirectory(prefix="ragidx-eval-") as scratch:
@@ -368,9 +367,6 @@ def evaluate_sts_variants(
     path: Path, pairs: SimilarityPairs, runtime: Any, variants: Sequence[Variant], progress: bool = True
 ) -> StsReport:
     """Spearman × 100 of each variant, all on one loaded model, with a bar over the texts."""
-    from ragidx.indexer.progress import progress as progress_bar
-    from ragidx.indexer.strategies import create_strategy, default_strategy
-
     report = StsReport(str(path), len(pairs.gold), runtime.model_id)
     for variant in variants:
         name = variant.strategy or default_strategy(runtime.model.config)[0]

@@ -1,0 +1,45 @@
+"""Vectors without an index: a model and a strategy, loaded once (``ragidx embed --model``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.pipeline import split_strategy_options
+from ragidx.indexer.runtime import default_model
+from ragidx.indexer.strategies import Role, Strategy, create_strategy, default_strategy, load_runtime_for
+
+TEMPLATES = ("document_template", "query_template")
+
+
+class Embedder:
+    """Embeds texts as an index built with the same model, strategy and options would.
+
+    ``options`` are the strategy's (``layers="20-27"``, ``prompt=...``) and its templates; a
+    strategy refuses the ones it does not take. Without ``strategy`` the model's default is used.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        strategy: str | None = None,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        **options: Any,
+    ):
+        given = split_strategy_options(options)
+        templates = {name: options.pop(name) for name in TEMPLATES if options.get(name) is not None}
+        if options:
+            raise RagidxError(f"unknown embedding option {sorted(options)[0]!r}")
+        runtime = load_runtime_for(model or default_model(), device, dtype, trust_remote_code, [strategy])
+        name = strategy or default_strategy(runtime.model.config)[0]
+        self.strategy: Strategy = create_strategy(name, runtime, **given, **templates)
+
+    def embed(self, texts: Sequence[str], role: Role = "query") -> np.ndarray:
+        """float32 unit vectors, one row per text."""
+        return self.strategy.encode(list(texts), role)
