@@ -34,8 +34,8 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.filters import Filters
 from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.models import install_packaged_model, packaged_model_rows
-from ragidx.indexer.pipeline import BuildOptions, split_strategy_options
 from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
+from ragidx.indexer.settings import BuildOptions, split_strategy_options
 from ragidx.indexer.strategies import REGISTRY, load_runtime_for
 from ragidx.indexer.strategies.layer_calibration import EARLY_FRACTION
 from ragidx.indexer.tuning import DEFAULT_QUERIES, TuningReport

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.pipeline import split_strategy_options
 from ragidx.indexer.runtime import default_model
+from ragidx.indexer.settings import split_strategy_options
 from ragidx.indexer.strategies import Role, Strategy, create_strategy, default_strategy, load_runtime_for
 
 TEMPLATES = ("document_template", "query_template")

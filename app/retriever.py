@@ -12,10 +12,10 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.maintenance import CheckReport, RemoveReport, check, remove
 from ragidx.indexer.models import canonical_model_id
-from ragidx.indexer.pipeline import BuildReport, build, build_options
+from ragidx.indexer.pipeline import BuildReport, build
 from ragidx.indexer.search import FilterSpec, Hit, Ranked, SearchEngine, SearchRequest, WeightSpec
+from ragidx.indexer.settings import IndexSettings, build_options
 from ragidx.indexer.store import IndexReader, IndexWriter, default_index_dir
-from ragidx.indexer.strategies import load_index_strategy
 from ragidx.indexer.tuning import DEFAULT_QUERIES, TuningReport, tune_and_store
 from ragidx.indexer.watch import watch
 
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from ragidx.indexer.strategies import Role, Strategy
 
 __all__ = ["Hit", "Index"]
-
-MODEL_SETTINGS = ("model", "model_file", "strategy", "strategy_params")
 
 
 class Index:
@@ -41,10 +39,10 @@ class Index:
         """``strategy``: one already loaded with the index's settings (a build tuning its result)."""
         self.reader = reader
         self.device = device
-        self.dtype = dtype or reader.meta.get("dtype", "auto")
+        self.dtype = dtype or IndexSettings.of_index(reader.meta, reader.directory).dtype or "auto"
         self.trust_remote_code = trust_remote_code
         self._strategy: Strategy | None = strategy
-        self._strategy_settings = self._model_settings()
+        self._strategy_settings = self.settings.model_identity
         self.engine = SearchEngine(reader, lambda texts: self.embed(texts, "query"), device)
 
     @classmethod
@@ -105,25 +103,27 @@ class Index:
         across builds); a new generation drops the loaded vectors, another model the strategy."""
         self.engine.refresh()
 
-    def _model_settings(self) -> dict[str, Any]:
-        return {key: self.meta.get(key) for key in MODEL_SETTINGS}
+    @property
+    def settings(self) -> IndexSettings:
+        """What the index was built with (as committed when it was last read)."""
+        return IndexSettings.of_index(self.meta, self.reader.directory)
 
     @property
     def strategy(self) -> Strategy:
         """The index's strategy with its model, loaded on first use and again after a rebuild with
         other model settings."""
-        settings = self._model_settings()
-        if self._strategy is None or settings != self._strategy_settings:
-            self._strategy = load_index_strategy(self.meta, self.device, self.dtype, self.trust_remote_code)
-            self._strategy_settings = settings
+        settings = self.settings
+        if self._strategy is None or settings.model_identity != self._strategy_settings:
+            self._strategy = settings.load_strategy(self.device, self.dtype, self.trust_remote_code)
+            self._strategy_settings = settings.model_identity
         return self._strategy
 
     def check_compatible(self, model: str | None = None, strategy: str | None = None) -> None:
         """Refuse a query that names another model or strategy than the index was built with."""
         model = canonical_model_id(model) if model else None
         for option, given, stored in (
-            ("--model", model, self.meta["model"]),
-            ("--strategy", strategy, self.meta["strategy"]),
+            ("--model", model, self.settings.model),
+            ("--strategy", strategy, self.settings.strategy),
         ):
             if given is not None and given != stored:
                 raise RagidxError(
@@ -214,7 +214,7 @@ class Index:
         """Tune the hybrid fusion weights on ``queries`` pseudo-queries from the index's own
         documents and store them, as ``ragidx tune`` does; searches use them at once."""
         self.refresh()
-        loaded = self._strategy if self._strategy_settings == self._model_settings() else None
+        loaded = self._strategy if self._strategy_settings == self.settings.model_identity else None
         with IndexWriter(self.reader.directory) as writer:
             report = tune_and_store(writer, loaded, queries, self.device)
         self.refresh()

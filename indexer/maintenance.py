@@ -11,8 +11,8 @@ import numpy as np
 
 from ragidx.indexer.changes import absolute_roots, under
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.settings import IndexSettings
 from ragidx.indexer.store import ROW_RULES, IndexWriter, index_exists, no_index
-from ragidx.indexer.strategies import load_index_strategy
 from ragidx.indexer.vector_index import live_vectors
 from ragidx.indexer.wording import counted
 
@@ -153,7 +153,14 @@ def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, devic
     restored = np.union1d(missing, damaged)
     with writer.next_generation() as pending:
         if len(restored):
-            pending.restore(restored, reembed(writer, load_index_strategy(writer.meta, device), restored))
+            pending.restore(
+                restored,
+                reembed(
+                    writer,
+                    IndexSettings.of_index(writer.meta, writer.directory).load_strategy(device),
+                    restored,
+                ),
+            )
         pending.commit(writer.meta, drop_vectors=np.union1d(extra, damaged), fresh_vectors=unreadable)
     if len(restored):
         report.problems.append(

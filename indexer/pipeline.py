@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,110 +12,21 @@ from typing import Any
 import numpy as np
 
 from ragidx import __version__
-from ragidx.indexer.auto_strategy import choose_strategy
 from ragidx.indexer.changes import ChangePlan, plan_changes
-from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.maintenance import reembed
-from ragidx.indexer.models import canonical_model_id, check_same_file, resolve_model
+from ragidx.indexer.models import check_same_file, resolve_model
 from ragidx.indexer.progress import progress as progress_bar
-from ragidx.indexer.runtime import default_model
+from ragidx.indexer.settings import BuildOptions, IndexSettings, resolve
 from ragidx.indexer.sources import ScanResult, SkippedFile, SourceDocument, read_document, scan
-from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration, default_index_dir
+from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration
 from ragidx.indexer.strategies import (
-    LONG_DOCUMENT_STRATEGY,
-    BatchSettings,
-    create_strategy,
-    default_strategy,
     load_runtime_for,
-    strategy_class,
-    strategy_from_index,
 )
 from ragidx.indexer.tuning import TuningReport, needs_tuning, tune_and_store
 from ragidx.indexer.vector_index import VectorIndexSettings
 
 EMBED_SLICE = 256  # chunks tokenised and embedded per step; bounds memory, not results
-# Options only some strategies take (each strategy refuses the ones it does not).
-STRATEGY_OPTIONS = (
-    "prompt",
-    "layers",
-    "query_instruction",
-    "normalize_layers",
-    "attention_norm",
-    "rewire",
-    "exit_layer",
-    "block_sentences",
-    "placeholder_init",
-    "pool",
-    "icl_demo",
-    "aux_prompt",
-    "cp_layer",
-    "cp_mode",
-    "cp_alpha",
-    "output_layer",
-    "kv_bias",
-    "sink",
-)
-
-
-@dataclass
-class BuildOptions:
-    """Everything ``ragidx build`` can be told; ``None`` means the existing index's setting, else
-    the model's or strategy's default."""
-
-    model: str | None = None
-    strategy: str | None = None
-    index_dir: Path = field(default_factory=default_index_dir)
-    device: str = "auto"
-    dtype: str = "auto"
-    batch_size: int = 32
-    max_batch_tokens: int = 16384
-    max_length: int | None = None
-    chunk_tokens: int | None = None
-    overlap_sentences: int | None = None
-    spacy_model: str | None = None
-    document_template: str | None = None
-    query_template: str | None = None
-    strategy_options: dict[str, Any] = field(default_factory=dict)
-    index_type: str | None = None
-    hnsw_m: int | None = None
-    ef_construction: int | None = None
-    ef_search: int | None = None
-    nlist: int | None = None
-    nprobe: int | None = None
-    rebuild: bool = False
-    trust_remote_code: bool = False
-    progress: bool = True
-    tune: bool = True
-
-    def vector_index(self, meta: dict[str, Any]) -> VectorIndexSettings:
-        """The index type and parameters to commit: ``meta``'s, with the ones given replaced."""
-        return VectorIndexSettings.from_meta(meta).with_overrides(
-            requested=self.index_type,
-            hnsw_m=self.hnsw_m,
-            ef_construction=self.ef_construction,
-            ef_search=self.ef_search,
-            nlist=self.nlist,
-            nprobe=self.nprobe,
-        )
-
-
-def split_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Pop the strategy options out of ``options``, keeping only those given (not None)."""
-    given = {name: options.pop(name, None) for name in STRATEGY_OPTIONS}
-    return {name: value for name, value in given.items() if value is not None}
-
-
-def build_options(index_dir: str | Path | None = None, **options: Any) -> BuildOptions:
-    """:class:`BuildOptions` from keyword arguments; strategy options may be given flat."""
-    strategy_options = {**options.pop("strategy_options", {}), **split_strategy_options(options)}
-    known = {f.name for f in dataclasses.fields(BuildOptions)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise RagidxError(f"unknown build option {unknown[0]!r}")
-    if index_dir is not None:
-        options["index_dir"] = Path(index_dir)
-    return BuildOptions(strategy_options=strategy_options, **options)
 
 
 @dataclass
@@ -197,31 +107,30 @@ def build(
     if not paths:
         raise RagidxError("nothing to index: give at least one file or folder")
     with IndexWriter(options.index_dir) as writer:
-        previous = writer.meta if writer.meta.get("generation") else {}
-        stored = previous if not options.rebuild else {}
-        inherited = _inherited_settings(options, previous)
+        resolution = resolve(options, IndexSettings.from_meta(writer.meta))
+        stored = resolution.stored
         indexed = writer.documents() if stored else {}
         scanned = _scan(paths, options.index_dir, {path: found[1] for path, found in indexed.items()})
         plan = plan_changes(scanned, indexed, paths)
-        vector_index = options.vector_index(writer.meta)
-        restructure = bool(stored) and vector_index != VectorIndexSettings.from_meta(stored)
-        lost = bool(stored) and writer.vectors_lost()  # restored from the chunks' stored text
-        if stored and not plan.to_embed and not lost and not _changes_settings(options, stored):
+        vector_index = resolution.vector_index
+        restructure = resolution.restructures
+        lost = stored is not None and writer.vectors_lost()  # restored from the chunks' stored text
+        if stored and not plan.to_embed and not lost and not resolution.changes_settings:
             committed = (
                 writer.remove_documents(plan.stale, vector_index=vector_index)
                 if plan.stale or restructure
                 else None
             )
             return _report(options, writer, plan, scanned.skipped, started, stored, committed)
-        source = resolve_model(options.model or inherited.get("model") or default_model())
-        if source.model_id == stored.get("model"):
-            check_same_file(source, stored.get("model_file"))  # before a changed GGUF is converted
+        source = resolve_model(resolution.model)
+        if stored and source.model_id == stored.model:
+            check_same_file(source, stored.model_file)  # before a changed GGUF is converted
         arguments = (
             source,
             options.device,
-            _dtype(options, stored),
+            resolution.dtype,
             options.trust_remote_code,
-            (options.strategy or inherited.get("strategy"),),
+            (resolution.strategy_asked,),
         )
         runtime = loaded.get(arguments) if loaded is not None else None
         if runtime is None:
@@ -229,19 +138,24 @@ def build(
             if loaded is not None:
                 loaded.clear()
                 loaded[arguments] = runtime
-        name, reason = _choose_strategy(options, inherited, runtime, scanned.documents)
-        strategy = _create_strategy(name, runtime, options, inherited)
-        chunker = _create_chunker(runtime, strategy, options, inherited)
-        settings = {
-            "model": runtime.model_id,
-            "model_revision": runtime.revision,
-            "model_file": runtime.model_file,
-            "model_type": runtime.arch.model_type,
-            "strategy": name,
-            "strategy_params": strategy.params,
-            "chunker": chunker.settings,
-        }
-        _refuse_incompatible(stored, settings)
+        name, reason = resolution.strategy_name(runtime, scanned.documents)
+        strategy = resolution.strategy(name, runtime)
+        chunker = resolution.chunker(runtime, strategy)
+        settings = IndexSettings(
+            model=runtime.model_id,
+            strategy=name,
+            strategy_params=strategy.params,
+            chunker=chunker.settings,
+            model_revision=runtime.revision,
+            model_file=runtime.model_file,
+            model_type=runtime.arch.model_type,
+            strategy_reason=reason,
+            strategy_notes=strategy.notes,
+            dimension=strategy.dimension,
+            dtype=str(runtime.dtype).removeprefix("torch."),
+            vector_index=vector_index,
+        )
+        resolution.refuse_incompatible(settings)
         if stored and not plan.changes_anything and not restructure and not lost:
             return _report(options, writer, plan, scanned.skipped, started, stored, None)
         with writer.next_generation(plan.stale, replace=not stored) as pending:
@@ -250,18 +164,11 @@ def build(
                 pending.restore(restored, reembed(writer, strategy, restored))
             embedded = _embed_documents(plan.to_embed, chunker, strategy, pending, options.progress)
             embedded.restored = len(restored)
-            meta = {
-                **settings,
-                "strategy_reason": reason,
-                "strategy_notes": strategy.notes,
-                "dimension": strategy.dimension,
-                "dtype": str(runtime.dtype).removeprefix("torch."),
-                "ragidx_version": __version__,
-            }
+            meta = {**settings.to_meta(), "ragidx_version": __version__}
             committed = pending.commit(meta, vector_index=vector_index, fresh_vectors=lost)
         tuning = _tune(options, writer, strategy, fresh=not stored)
         skipped = scanned.skipped + embedded.skipped
-        return _report(options, writer, plan, skipped, started, meta, committed, embedded, tuning)
+        return _report(options, writer, plan, skipped, started, settings, committed, embedded, tuning)
 
 
 def _scan(paths: Sequence[str | Path], index_dir: Path, known: dict[str, str]) -> ScanResult:
@@ -273,14 +180,6 @@ def _scan(paths: Sequence[str | Path], index_dir: Path, known: dict[str, str]) -
         )
         raise RagidxError(f"no readable documents in {', '.join(map(str, paths))}{detail}")
     return scanned
-
-
-def _inherited_settings(options: BuildOptions, previous: dict[str, Any]) -> dict[str, Any]:
-    """The index's settings that a build starts from: all of them, also for ``--rebuild``, unless
-    the build names another model (whose layers, templates and token counts differ)."""
-    if options.model and canonical_model_id(options.model) != previous.get("model"):
-        return {}
-    return previous
 
 
 def _tune(options: BuildOptions, writer: IndexWriter, strategy: Any, fresh: bool) -> TuningReport | None:
@@ -298,86 +197,13 @@ def _tune(options: BuildOptions, writer: IndexWriter, strategy: Any, fresh: bool
     return tune_and_store(writer, strategy, device=options.device)
 
 
-def _dtype(options: BuildOptions, stored: dict[str, Any]) -> str:
-    """``auto`` adds to an index in the dtype it was built in, so its vectors all come out alike."""
-    if options.dtype == "auto" and stored.get("dtype") and not options.rebuild:
-        return str(stored["dtype"])
-    return options.dtype
-
-
-def _changes_settings(options: BuildOptions, stored: dict[str, Any]) -> bool:
-    """Whether the options name anything that needs the model to compare with the index's settings."""
-    if options.model and canonical_model_id(options.model) != stored.get("model"):
-        return True
-    if options.strategy and options.strategy not in (stored.get("strategy"), "auto"):
-        return True
-    if options.strategy == "auto" and not str(stored.get("strategy_reason", "")).startswith("auto"):
-        return True
-    given_chunker = {
-        "chunk_tokens": options.chunk_tokens,
-        "overlap_sentences": options.overlap_sentences,
-        "spacy_model": options.spacy_model,
-    }
-    if any(v is not None and stored.get("chunker", {}).get(k) != v for k, v in given_chunker.items()):
-        return True
-    return bool(
-        options.strategy_options or options.document_template or options.query_template or options.max_length
-    )
-
-
-def _choose_strategy(
-    options: BuildOptions, stored: dict[str, Any], runtime: Any, documents: Sequence[SourceDocument]
-) -> tuple[str, str]:
-    """The strategy's name and the reason it was chosen (stored in the index and printed)."""
-    if options.strategy == "auto":
-        if not options.rebuild and str(stored.get("strategy_reason", "")).startswith("auto"):
-            return stored["strategy"], stored["strategy_reason"]
-        counts = [len(runtime.tokenizer(text)["input_ids"]) for text in _texts(documents)]
-        return choose_strategy(counts, default_strategy(runtime.model.config)[0], LONG_DOCUMENT_STRATEGY)
-    if options.strategy:
-        return options.strategy, "given with --strategy"
-    if stored:
-        return stored["strategy"], stored.get("strategy_reason", "the index's strategy")
-    return default_strategy(runtime.model.config)
-
-
-def _create_strategy(name: str, runtime: Any, options: BuildOptions, stored: dict[str, Any]) -> Any:
-    """The strategy with the index's stored parameters (same strategy), overridden by those given."""
-    given = {
-        "document_template": options.document_template,
-        "query_template": options.query_template,
-        "max_length": options.max_length,
-        **options.strategy_options,
-    }
-    given = {key: value for key, value in given.items() if value is not None}
-    batch = BatchSettings(max_rows=options.batch_size, max_tokens=options.max_batch_tokens)
-    if stored.get("strategy") == name:
-        return strategy_from_index(name, runtime, stored.get("strategy_params", {}), batch=batch, **given)
-    return create_strategy(name, runtime, batch=batch, **given)
-
-
-def _create_chunker(runtime: Any, strategy: Any, options: BuildOptions, stored: dict[str, Any]) -> Any:
-
-    previous = stored.get("chunker", {}) if stored.get("strategy") == strategy.name else {}
-    return Chunker(
-        runtime.tokenizer,
-        options.chunk_tokens or previous.get("chunk_tokens") or strategy.default_chunk_tokens,
-        _first_given(options.overlap_sentences, previous.get("overlap_sentences"), 1),
-        options.spacy_model or previous.get("spacy_model"),
-    )
-
-
-def _first_given(*values: Any) -> Any:
-    return next(v for v in values if v is not None)
-
-
 def _report(
     options: BuildOptions,
     writer: IndexWriter,
     plan: ChangePlan,
     skipped: list[SkippedFile],
     started: float,
-    meta: dict[str, Any],
+    settings: IndexSettings,
     committed: Committed | None,
     embedded: Embedded | None = None,
     tuning: TuningReport | None = None,
@@ -386,11 +212,11 @@ def _report(
     return BuildReport(
         index_dir=str(options.index_dir),
         generation=int(writer.meta["generation"]),
-        model=meta["model"],
-        dtype=meta.get("dtype", ""),
-        strategy=meta["strategy"],
-        strategy_reason=meta.get("strategy_reason", ""),
-        strategy_notes=meta.get("strategy_notes", {}),
+        model=settings.model,
+        dtype=settings.dtype,
+        strategy=settings.strategy,
+        strategy_reason=settings.strategy_reason,
+        strategy_notes=settings.strategy_notes,
         documents=embedded.documents if embedded else 0,
         chunks=embedded.chunks if embedded else 0,
         tokens=embedded.tokens if embedded else 0,
@@ -407,37 +233,6 @@ def _report(
         fusion=writer.meta.get("fusion"),
         restored=embedded.restored if embedded else 0,
     )
-
-
-def _refuse_incompatible(existing: dict[str, Any], settings: dict[str, Any]) -> None:
-    """Adding to an index built with other settings needs ``--rebuild``: its vectors would not mix."""
-    if not existing:
-        return
-
-    if existing.get("strategy") == settings["strategy"]:
-        upgraded = strategy_class(settings["strategy"]).upgrade_params(existing.get("strategy_params", {}))
-        existing = {**existing, "strategy_params": upgraded}
-    differing = [
-        key
-        for key in ("model", "strategy", "strategy_params", "chunker")
-        if existing.get(key) != settings[key]
-    ]
-    if differing:
-        shown = ", ".join(
-            f"{k} {existing.get(k)!r} -> {settings[k]!r}" for k in differing if k in ("model", "strategy")
-        )
-        raise RagidxError(
-            f"the index was built with other settings ({shown or ', '.join(differing)}); "
-            "pass --rebuild to re-embed everything with the new ones"
-        )
-
-
-def _texts(documents: Sequence[SourceDocument]) -> Iterator[str]:
-    """The documents' texts, read again one at a time (the scan keeps none); unreadable ones are left out."""
-    for document in documents:
-        fresh = read_document(Path(document.path))
-        if isinstance(fresh, SourceDocument):
-            yield fresh.text
 
 
 @dataclass

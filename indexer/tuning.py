@@ -31,8 +31,8 @@ import numpy as np
 
 from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.search import Ranked, SearchEngine
+from ragidx.indexer.settings import IndexSettings
 from ragidx.indexer.store import IndexReader
-from ragidx.indexer.strategies import load_index_strategy
 
 if TYPE_CHECKING:
     from ragidx.indexer.store import IndexWriter
@@ -295,7 +295,7 @@ def tune_and_store(
 
     @functools.cache
     def index_strategy() -> Strategy:
-        return strategy or load_index_strategy(reader.meta, device)
+        return strategy or IndexSettings.of_index(reader.meta, reader.directory).load_strategy(device)
 
     try:
         engine = SearchEngine(reader, lambda texts: index_strategy().encode(list(texts), "query"), device)

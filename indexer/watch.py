@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ragidx.indexer.errors import IndexLocked, RagidxError
-from ragidx.indexer.pipeline import BuildOptions, BuildReport, build
+from ragidx.indexer.pipeline import BuildReport, build
+from ragidx.indexer.settings import BuildOptions
 from ragidx.indexer.sources import READERS, normal_path
 
 WATCH_HINT = "ragidx watch needs the watch extra: pip install 'ragidx[watch]'"

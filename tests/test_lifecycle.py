@@ -114,6 +114,7 @@ def test_a_build_streams_groups_and_skips_files_unreadable_on_the_second_read(
     """Groups of 2 chunks go to the store one at a time and give the same vectors as the fixture's
     one-process build; a file that cannot be read again after the scan is skipped and reported."""
     from ragidx.indexer import pipeline
+    from ragidx.indexer.settings import build_options
     from ragidx.indexer.sources import SkippedFile
 
     monkeypatch.setattr(pipeline, "EMBED_SLICE", 2)
@@ -124,7 +125,7 @@ def test_a_build_streams_groups_and_skips_files_unreadable_on_the_second_read(
         return SkippedFile(str(path), "unreadable: gone") if path == lost else reread(path)
 
     monkeypatch.setattr(pipeline, "read_document", read_again)
-    options = pipeline.build_options(tmp_path / "index", model=str(tiny_models["qwen2"]), progress=False)
+    options = build_options(tmp_path / "index", model=str(tiny_models["qwen2"]), progress=False)
     report = pipeline.build([built / "corpus"], options)
     assert report.skipped == [SkippedFile(str(lost), "unreadable: gone")] and report.total_documents == 12
     streamed, whole = stored_vectors(tmp_path / "index"), stored_vectors(built / "index")

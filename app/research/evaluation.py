@@ -234,7 +234,7 @@ def evaluate_index(
 ) -> list[RetrievalRow]:
     query_ids = list(dataset.queries)
     texts = [dataset.queries[q] for q in query_ids]
-    name = index.meta["strategy"]
+    name = index.settings.strategy
     rows = []
     for mode in modes:
         started = time.perf_counter()

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.models import ModelSource, check_same_file, resolve_model
+from ragidx.indexer.models import ModelSource
 from ragidx.indexer.runtime import ENCODER_TYPES, ModelRuntime, load_runtime
 from ragidx.indexer.strategies.base import BatchSettings, Role, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
@@ -96,17 +96,6 @@ def strategy_from_index(name: str, runtime: ModelRuntime, stored: dict[str, Any]
     """The strategy an index was built with: its stored parameters (upgraded from older
     versions), with the ``given`` ones replacing them."""
     return create_strategy(name, runtime, **{**strategy_class(name).upgrade_params(stored), **given})
-
-
-def load_index_strategy(
-    meta: dict[str, Any], device: str = "auto", dtype: str | None = None, trust_remote_code: bool = False
-) -> Strategy:
-    """The model and strategy an index was built with, loaded; a changed GGUF file is refused."""
-    source = resolve_model(meta["model"])
-    check_same_file(source, meta.get("model_file"))
-    dtype = dtype or meta.get("dtype", "auto")
-    runtime = load_runtime_for(source, device, dtype, trust_remote_code, [meta["strategy"]])
-    return strategy_from_index(meta["strategy"], runtime, meta["strategy_params"])
 
 
 def load_runtime_for(

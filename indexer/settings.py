@@ -1,0 +1,323 @@
+"""An index's settings as one typed value, and the one place a build's options meet them.
+
+The ``meta`` table stores the settings as JSON under fixed keys (README, "The index on disk");
+:class:`IndexSettings` reads and writes exactly those keys, so the format on disk is unchanged.
+:func:`resolve` owns every rule of "given versus stored": what a build inherits, when it needs the
+model, which strategy, parameters and chunker it uses, and what it refuses without ``--rebuild``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragidx.indexer.auto_strategy import choose_strategy
+from ragidx.indexer.chunking import Chunker
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.models import canonical_model_id, check_same_file, resolve_model
+from ragidx.indexer.runtime import ModelRuntime, default_model
+from ragidx.indexer.sources import SourceDocument, read_document
+from ragidx.indexer.store import default_index_dir, no_index
+from ragidx.indexer.strategies import (
+    LONG_DOCUMENT_STRATEGY,
+    BatchSettings,
+    Strategy,
+    create_strategy,
+    default_strategy,
+    load_runtime_for,
+    strategy_class,
+    strategy_from_index,
+)
+from ragidx.indexer.vector_index import VectorIndexSettings
+
+# Options only some strategies take (each strategy refuses the ones it does not).
+STRATEGY_OPTIONS = (
+    "prompt",
+    "layers",
+    "query_instruction",
+    "normalize_layers",
+    "attention_norm",
+    "rewire",
+    "exit_layer",
+    "block_sentences",
+    "placeholder_init",
+    "pool",
+    "icl_demo",
+    "aux_prompt",
+    "cp_layer",
+    "cp_mode",
+    "cp_alpha",
+    "output_layer",
+    "kv_bias",
+    "sink",
+)
+MODEL_KEYS = ("model", "model_file", "strategy", "strategy_params")  # what a loaded strategy depends on
+COMPARED_KEYS = ("model", "strategy", "strategy_params", "chunker")  # vectors mix only if these agree
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """What an index's vectors were made with, and how they are indexed."""
+
+    model: str
+    strategy: str
+    strategy_params: dict[str, Any]
+    chunker: dict[str, Any]
+    model_revision: str | None = None
+    model_file: dict[str, Any] | None = None
+    model_type: str | None = None
+    strategy_reason: str = "the index's strategy"
+    strategy_notes: dict[str, Any] = field(default_factory=dict)
+    dimension: int = 0
+    dtype: str = ""  # empty for indexes written before the dtype was stored
+    vector_index: VectorIndexSettings = field(default_factory=VectorIndexSettings)
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any]) -> IndexSettings | None:
+        """The settings of a committed index; None where nothing was committed yet."""
+        if not meta.get("generation"):
+            return None
+        return cls(
+            model=meta["model"],
+            strategy=meta["strategy"],
+            strategy_params=dict(meta.get("strategy_params") or {}),
+            chunker=dict(meta.get("chunker") or {}),
+            model_revision=meta.get("model_revision"),
+            model_file=meta.get("model_file"),
+            model_type=meta.get("model_type"),
+            strategy_reason=meta.get("strategy_reason", cls.strategy_reason),
+            strategy_notes=dict(meta.get("strategy_notes") or {}),
+            dimension=int(meta.get("dimension") or 0),
+            dtype=str(meta.get("dtype") or ""),
+            vector_index=VectorIndexSettings.from_meta(meta),
+        )
+
+    @classmethod
+    def of_index(cls, meta: Mapping[str, Any], directory: str | Path) -> IndexSettings:
+        """The settings of an index that must have a committed generation."""
+        settings = cls.from_meta(meta)
+        if settings is None:
+            raise no_index(Path(directory))
+        return settings
+
+    def to_meta(self) -> dict[str, Any]:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**values, "vector_index": self.vector_index.to_meta()}
+
+    @property
+    def model_identity(self) -> dict[str, Any]:
+        """What the loaded model and strategy depend on: a change means loading them again."""
+        return {key: getattr(self, key) for key in MODEL_KEYS}
+
+    def load_strategy(
+        self, device: str = "auto", dtype: str | None = None, trust_remote_code: bool = False
+    ) -> Strategy:
+        """The model and strategy the index was built with, loaded; a changed GGUF file is refused.
+        ``dtype`` (default: the index's own) may differ, as a query may run in another precision."""
+        source = resolve_model(self.model)
+        check_same_file(source, self.model_file)
+        chosen = dtype or self.dtype or "auto"
+        runtime = load_runtime_for(source, device, chosen, trust_remote_code, [self.strategy])
+        return strategy_from_index(self.strategy, runtime, self.strategy_params)
+
+    @property
+    def chosen_automatically(self) -> bool:
+        """Whether ``--strategy auto`` picked the strategy (it is then re-picked only on ``--rebuild``)."""
+        return self.strategy_reason.startswith("auto")
+
+
+@dataclass
+class BuildOptions:
+    """Everything ``ragidx build`` can be told; ``None`` means the existing index's setting, else
+    the model's or strategy's default."""
+
+    model: str | None = None
+    strategy: str | None = None
+    index_dir: Path = field(default_factory=default_index_dir)
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_size: int = 32
+    max_batch_tokens: int = 16384
+    max_length: int | None = None
+    chunk_tokens: int | None = None
+    overlap_sentences: int | None = None
+    spacy_model: str | None = None
+    document_template: str | None = None
+    query_template: str | None = None
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    index_type: str | None = None
+    hnsw_m: int | None = None
+    ef_construction: int | None = None
+    ef_search: int | None = None
+    nlist: int | None = None
+    nprobe: int | None = None
+    rebuild: bool = False
+    trust_remote_code: bool = False
+    progress: bool = True
+    tune: bool = True
+
+
+def split_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Pop the strategy options out of ``options``, keeping only those given (not None)."""
+    given = {name: options.pop(name, None) for name in STRATEGY_OPTIONS}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def build_options(index_dir: str | Path | None = None, **options: Any) -> BuildOptions:
+    """:class:`BuildOptions` from keyword arguments; strategy options may be given flat."""
+    strategy_options = {**options.pop("strategy_options", {}), **split_strategy_options(options)}
+    known = {f.name for f in dataclasses.fields(BuildOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise RagidxError(f"unknown build option {unknown[0]!r}")
+    if index_dir is not None:
+        options["index_dir"] = Path(index_dir)
+    return BuildOptions(strategy_options=strategy_options, **options)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A build's options against the index's settings; see :func:`resolve`."""
+
+    given: BuildOptions
+    previous: IndexSettings | None  # the index's committed settings (None: a new index)
+    stored: IndexSettings | None  # the settings the build adds to (None: a new index, or --rebuild)
+    inherited: IndexSettings | None  # what settings not given default to
+
+    @property
+    def model(self) -> str:
+        return self.given.model or (self.inherited.model if self.inherited else None) or default_model()
+
+    @property
+    def strategy_asked(self) -> str | None:
+        """The strategy named or inherited (``None``: the model's default, known once it is loaded)."""
+        return self.given.strategy or (self.inherited.strategy if self.inherited else None)
+
+    @property
+    def dtype(self) -> str:
+        """``auto`` adds to an index in the dtype it was built in, so its vectors all come out alike."""
+        if self.given.dtype == "auto" and self.stored and self.stored.dtype:
+            return self.stored.dtype
+        return self.given.dtype
+
+    @property
+    def vector_index(self) -> VectorIndexSettings:
+        """The index type and parameters to commit: the index's, with the ones given replaced."""
+        given = self.given
+        previous = self.previous.vector_index if self.previous else VectorIndexSettings()
+        return previous.with_overrides(
+            requested=given.index_type,
+            hnsw_m=given.hnsw_m,
+            ef_construction=given.ef_construction,
+            ef_search=given.ef_search,
+            nlist=given.nlist,
+            nprobe=given.nprobe,
+        )
+
+    @property
+    def restructures(self) -> bool:
+        """Whether the vector index type or parameters given differ from the index's own."""
+        return self.stored is not None and self.vector_index != self.stored.vector_index
+
+    @property
+    def changes_settings(self) -> bool:
+        """Whether the options name anything that needs the model to compare with the index's settings."""
+        given, stored = self.given, self.stored
+        if stored is None:
+            return True
+        if given.model and canonical_model_id(given.model) != stored.model:
+            return True
+        if given.strategy and given.strategy not in (stored.strategy, "auto"):
+            return True
+        if given.strategy == "auto" and not stored.chosen_automatically:
+            return True
+        chunker = {
+            "chunk_tokens": given.chunk_tokens,
+            "overlap_sentences": given.overlap_sentences,
+            "spacy_model": given.spacy_model,
+        }
+        if any(value is not None and stored.chunker.get(key) != value for key, value in chunker.items()):
+            return True
+        return bool(
+            given.strategy_options or given.document_template or given.query_template or given.max_length
+        )
+
+    def strategy_name(self, runtime: ModelRuntime, documents: Sequence[SourceDocument]) -> tuple[str, str]:
+        """The strategy's name and the reason it was chosen (stored in the index and printed)."""
+        given, inherited = self.given, self.inherited
+        if given.strategy == "auto":
+            if not given.rebuild and inherited and inherited.chosen_automatically:
+                return inherited.strategy, inherited.strategy_reason
+            counts = [len(runtime.tokenizer(text)["input_ids"]) for text in _texts(documents)]
+            return choose_strategy(counts, default_strategy(runtime.model.config)[0], LONG_DOCUMENT_STRATEGY)
+        if given.strategy:
+            return given.strategy, "given with --strategy"
+        if inherited:
+            return inherited.strategy, inherited.strategy_reason
+        return default_strategy(runtime.model.config)
+
+    def strategy(self, name: str, runtime: ModelRuntime) -> Strategy:
+        """The strategy with the index's stored parameters (same strategy), overridden by those given."""
+        given = {
+            "document_template": self.given.document_template,
+            "query_template": self.given.query_template,
+            "max_length": self.given.max_length,
+            **self.given.strategy_options,
+        }
+        given = {key: value for key, value in given.items() if value is not None}
+        batch = BatchSettings(max_rows=self.given.batch_size, max_tokens=self.given.max_batch_tokens)
+        if self.inherited and self.inherited.strategy == name:
+            return strategy_from_index(name, runtime, self.inherited.strategy_params, batch=batch, **given)
+        return create_strategy(name, runtime, batch=batch, **given)
+
+    def chunker(self, runtime: ModelRuntime, strategy: Strategy) -> Chunker:
+        """The chunker given, else the index's (same strategy), else the strategy's default."""
+        same = self.inherited is not None and self.inherited.strategy == strategy.name
+        previous = self.inherited.chunker if same and self.inherited else {}
+        overlaps = (self.given.overlap_sentences, previous.get("overlap_sentences"), 1)
+        return Chunker(
+            runtime.tokenizer,
+            self.given.chunk_tokens or previous.get("chunk_tokens") or strategy.default_chunk_tokens,
+            next(overlap for overlap in overlaps if overlap is not None),
+            self.given.spacy_model or previous.get("spacy_model"),
+        )
+
+    def refuse_incompatible(self, settings: IndexSettings) -> None:
+        """Adding to an index built with other settings needs ``--rebuild``: its vectors would not mix."""
+        stored = self.stored
+        if stored is None:
+            return
+        if stored.strategy == settings.strategy:
+            upgraded = strategy_class(settings.strategy).upgrade_params(stored.strategy_params)
+            stored = dataclasses.replace(stored, strategy_params=upgraded)
+        differing = [key for key in COMPARED_KEYS if getattr(stored, key) != getattr(settings, key)]
+        if differing:
+            shown = ", ".join(
+                f"{key} {getattr(stored, key)!r} -> {getattr(settings, key)!r}"
+                for key in differing
+                if key in ("model", "strategy")
+            )
+            raise RagidxError(
+                f"the index was built with other settings ({shown or ', '.join(differing)}); "
+                "pass --rebuild to re-embed everything with the new ones"
+            )
+
+
+def resolve(given: BuildOptions, previous: IndexSettings | None) -> Resolution:
+    """``given`` against the index's ``previous`` settings: a build adds to them unless
+    ``--rebuild``, and inherits them (also on ``--rebuild``) unless it names another model, whose
+    layers, templates and token counts differ."""
+    stored = previous if not given.rebuild else None
+    other_model = given.model and previous and canonical_model_id(given.model) != previous.model
+    return Resolution(given, previous, stored, None if other_model else previous)
+
+
+def _texts(documents: Sequence[SourceDocument]) -> Any:
+    """The documents' texts, read again one at a time (the scan keeps none); unreadable ones are left out."""
+    for document in documents:
+        fresh = read_document(Path(document.path))
+        if isinstance(fresh, SourceDocument):
+            yield fresh.text
