@@ -19,7 +19,7 @@ import click
 from ragidx import __version__
 from ragidx.app import Embedder, Index
 from ragidx.app.research.bench import run_bench
-from ragidx.app.research.calibrate import SAMPLE_CORPUS, calibrate_and_cache
+from ragidx.app.research.calibrate import SAMPLE_CORPUS, calibrate_model
 from ragidx.app.research.evaluation import (
     EVAL_MODES,
     evaluate_retrieval,
@@ -36,9 +36,7 @@ from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.models import install_packaged_model, packaged_model_rows
 from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
 from ragidx.indexer.settings import BuildOptions, split_strategy_options
-from ragidx.indexer.strategies import REGISTRY, load_runtime_for
-from ragidx.indexer.strategies.layer_calibration import EARLY_FRACTION
-from ragidx.indexer.tuning import DEFAULT_QUERIES, TuningReport
+from ragidx.indexer.strategies import REGISTRY
 from ragidx.indexer.wording import counted, page_label
 
 MODEL_HELP = (
@@ -582,9 +580,7 @@ def calibrate(
     as_json: bool,
 ) -> None:
     """Pick kv-embedding's re-routing layers for MODEL by intrinsic dimension, and cache them."""
-    # float32 under auto: the layers chosen here serve kv-embedding, which stays float32 (bfloat16_ok)
-    runtime = load_runtime_for(model, device, dtype or "auto", trust_remote_code, ["kv-embedding"])
-    calibration, path = calibrate_and_cache(runtime, texts, count)
+    calibration, path = calibrate_model(model, texts, count, device, dtype or "auto", trust_remote_code)
     if plot:
         plot_calibration(calibration, plot)
     if as_json:
@@ -594,7 +590,7 @@ def calibrate(
         f"TwoNN intrinsic dimension of each layer's mean-pooled output "
         f"({calibration.text_count} texts from {calibration.texts_from})"
     )
-    early = int(EARLY_FRACTION * len(calibration.curve))
+    early = calibration.early_layers
     low, high = min(calibration.curve), max(calibration.curve)
     for layer, value in enumerate(calibration.curve):
         mark = (
@@ -772,9 +768,9 @@ def eval_retrieval(
             f"{row.label:<{width}}{row.mode:<14}{m['ndcg@10']:>8.4f}{m['recall@10']:>8.4f}"
             f"{m['recall@100']:>8.4f}{m['mrr@10']:>8.4f}{row.build_seconds:>9.1f}{row.query_ms:>10.1f}"
         )
-    for label, fusion in report.fusion.items():
-        if fusion and "hybrid" in mode_list:
-            click.echo(f"{label}: {TuningReport.from_meta(fusion).describe()}")
+    if "hybrid" in mode_list:
+        for line in report.fusion_lines():
+            click.echo(line)
 
 
 @evaluate.command(name="sts")
@@ -800,8 +796,7 @@ def eval_sts(
     """Spearman x 100 between vector cosine and gold similarity on an STS-B or SICK file."""
     pairs = load_sts(path, max_pairs)
     variants = expand_variants(_names(strategy), _sweeps(options))
-    runtime = load_runtime_for(model, device, dtype or "auto", strategies=_names(strategy))
-    report = evaluate_sts_variants(path, pairs, runtime, variants)
+    report = evaluate_sts_variants(path, pairs, model, variants, device, dtype or "auto")
     if plot:
         plot_sts(report, plot)
     if _report_json(report, json_target):
@@ -1027,7 +1022,7 @@ def tune(index_dir: Path | None, queries: int | None, device: str, as_json: bool
     at least as well as reciprocal rank fusion.
     """
     with Index.open(index_dir, device=device) as index:
-        report = index.tune(queries or DEFAULT_QUERIES)
+        report = index.tune(queries)
     if as_json:
         _print_json(report.to_meta())
     else:

@@ -210,13 +210,13 @@ class Index:
         self.refresh()
         return report
 
-    def tune(self, queries: int = DEFAULT_QUERIES) -> TuningReport:
+    def tune(self, queries: int | None = None) -> TuningReport:
         """Tune the hybrid fusion weights on ``queries`` pseudo-queries from the index's own
         documents and store them, as ``ragidx tune`` does; searches use them at once."""
         self.refresh()
         loaded = self._strategy if self._strategy_settings == self.settings.model_identity else None
         with IndexWriter(self.reader.directory) as writer:
-            report = tune_and_store(writer, loaded, queries, self.device)
+            report = tune_and_store(writer, loaded, queries or DEFAULT_QUERIES, self.device)
         self.refresh()
         return report
 

@@ -14,6 +14,7 @@ from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.runtime import ModelRuntime
 from ragidx.indexer.sources import scan
+from ragidx.indexer.strategies import load_runtime_for
 from ragidx.indexer.strategies.layer_calibration import (
     MAX_TEXT_TOKENS,
     Calibration,
@@ -72,6 +73,20 @@ def _document_sentences(source: Path, tokenizer: Any) -> list[str]:
             if len(sentence.split()) >= MIN_SENTENCE_WORDS:
                 sentences.append(sentence)
     return sentences
+
+
+def calibrate_model(
+    model: str,
+    source: Path | None,
+    count: int,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+) -> tuple[Calibration, Path]:
+    """:func:`calibrate_and_cache` on ``model``, loaded in the precision kv-embedding runs in (its
+    layers are what the calibration chooses)."""
+    runtime = load_runtime_for(model, device, dtype, trust_remote_code, ["kv-embedding"])
+    return calibrate_and_cache(runtime, source, count)
 
 
 def calibrate_and_cache(

@@ -28,7 +28,14 @@ from ragidx.indexer.pipeline import build
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.runtime import default_model
 from ragidx.indexer.store import index_exists
-from ragidx.indexer.strategies import COMMON_PARAMS, create_strategy, default_strategy, strategy_class
+from ragidx.indexer.strategies import (
+    COMMON_PARAMS,
+    create_strategy,
+    default_strategy,
+    load_runtime_for,
+    strategy_class,
+)
+from ragidx.indexer.tuning import TuningReport
 
 DOCUMENTS_PER_QUERY = 100  # the deepest cut-off any metric reads (Recall@100)
 # Eval modes: the search modes, plus hybrid with fixed equal weights to set beside the tuned ones.
@@ -211,6 +218,14 @@ class RetrievalReport:
             "fusion": self.fusion,
         }
 
+    def fusion_lines(self) -> list[str]:
+        """Each variant's hybrid fusion as its build tuned it, one line each."""
+        return [
+            f"{label}: {TuningReport.from_meta(fusion).describe()}"
+            for label, fusion in self.fusion.items()
+            if fusion
+        ]
+
 
 def rank_documents(index: Any, queries: Sequence[str], mode: str) -> list[list[tuple[str, float]]]:
     """Each query's top documents in an eval ``mode`` (see ``EVAL_MODES``): chunk hits grouped by
@@ -364,9 +379,16 @@ class StsReport:
 
 
 def evaluate_sts_variants(
-    path: Path, pairs: SimilarityPairs, runtime: Any, variants: Sequence[Variant], progress: bool = True
+    path: Path,
+    pairs: SimilarityPairs,
+    model: str,
+    variants: Sequence[Variant],
+    device: str = "auto",
+    dtype: str = "auto",
+    progress: bool = True,
 ) -> StsReport:
     """Spearman × 100 of each variant, all on one loaded model, with a bar over the texts."""
+    runtime = load_runtime_for(model, device, dtype, strategies=[variant.strategy for variant in variants])
     report = StsReport(str(path), len(pairs.gold), runtime.model_id)
     for variant in variants:
         name = variant.strategy or default_strategy(runtime.model.config)[0]

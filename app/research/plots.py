@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from ragidx.app.research.metrics import RETRIEVAL_METRICS
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.strategies.layer_calibration import EARLY_FRACTION
 
 if TYPE_CHECKING:
     from ragidx.app.research.evaluation import RetrievalReport, StsReport
@@ -31,7 +30,7 @@ def plot_calibration(calibration: Calibration, path: Path) -> None:
     layers = range(len(calibration.curve))
     figure, axes = plt.subplots(figsize=(7, 3.5))
     axes.plot(layers, calibration.curve, marker="o", color="tab:blue", label="TwoNN intrinsic dimension")
-    excluded = int(EARLY_FRACTION * len(calibration.curve))
+    excluded = calibration.early_layers
     if excluded:
         axes.axvspan(-0.5, excluded - 0.5, color="grey", alpha=0.15, label="first 20% (not candidates)")
     axes.axvspan(

@@ -117,6 +117,11 @@ class Calibration:
     created: float
 
     @property
+    def early_layers(self) -> int:
+        """How many first layers are never candidates (they encode surface features)."""
+        return int(EARLY_FRACTION * len(self.curve))
+
+    @property
     def window(self) -> str:
         """The selected layers as text: ``12-15``, or ``4`` for a single layer."""
         first, last = self.layers[0], self.layers[-1]
