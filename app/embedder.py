@@ -10,7 +10,7 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.runtime import default_model
 from ragidx.indexer.settings import split_strategy_options
-from ragidx.indexer.strategies import Role, Strategy, create_strategy, default_strategy, load_runtime_for
+from ragidx.indexer.strategies import Role, Strategy, create_strategy, load_runtime_for, named_or_default
 
 TEMPLATES = ("document_template", "query_template")
 
@@ -37,8 +37,9 @@ class Embedder:
         if options:
             raise RagidxError(f"unknown embedding option {sorted(options)[0]!r}")
         runtime = load_runtime_for(model or default_model(), device, dtype, trust_remote_code, [strategy])
-        name = strategy or default_strategy(runtime.model.config)[0]
-        self.strategy: Strategy = create_strategy(name, runtime, **given, **templates)
+        self.strategy: Strategy = create_strategy(
+            named_or_default(strategy, runtime), runtime, **given, **templates
+        )
 
     def embed(self, texts: Sequence[str], role: Role = "query") -> np.ndarray:
         """float32 unit vectors, one row per text."""

@@ -39,7 +39,7 @@ class Index:
         """``strategy``: one already loaded with the index's settings (a build tuning its result)."""
         self.reader = reader
         self.device = device
-        self.dtype = dtype or IndexSettings.of_index(reader.meta, reader.directory).dtype or "auto"
+        self.dtype = dtype or self.settings.dtype or "auto"
         self.trust_remote_code = trust_remote_code
         self._strategy: Strategy | None = strategy
         self._strategy_settings = self.settings.model_identity
@@ -60,11 +60,9 @@ class Index:
     @classmethod
     def build(cls, paths: Sequence[str | Path], index: str | Path | None = None, **options: Any) -> Index:
         """Index the documents under ``paths`` into ``index`` and open it (see :meth:`update`)."""
-        settings = build_options(index, **options)
-        build(list(paths), settings)
-        return cls.open(
-            settings.index_dir, device=settings.device, trust_remote_code=settings.trust_remote_code
-        )
+        report = cls.update(paths, index, **options)
+        device, trusted = options.get("device", "auto"), options.get("trust_remote_code", False)
+        return cls.open(report.index_dir, device=device, trust_remote_code=trusted)
 
     @staticmethod
     def update(paths: Sequence[str | Path], index: str | Path | None = None, **options: Any) -> BuildReport:

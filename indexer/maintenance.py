@@ -109,7 +109,7 @@ def check(index_dir: Path, repair: bool = False, device: str = "auto") -> CheckR
 def _check_files(writer: IndexWriter, report: CheckReport, repair: bool) -> None:
     stale = writer.stale_vector_files()
     if stale:
-        report.problems.append(Problem("stale-files", ", ".join(stale), repair))
+        report.problems.append(Problem("stale-files", ", ".join(path.name for path in stale), repair))
         if repair:
             writer.remove_stale_vector_files()
 

@@ -9,7 +9,7 @@ model, which strategy, parameters and chunker it uses, and what it refuses witho
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,7 +315,7 @@ def resolve(given: BuildOptions, previous: IndexSettings | None) -> Resolution:
     return Resolution(given, previous, stored, None if other_model else previous)
 
 
-def _texts(documents: Sequence[SourceDocument]) -> Any:
+def _texts(documents: Sequence[SourceDocument]) -> Iterator[str]:
     """The documents' texts, read again one at a time (the scan keeps none); unreadable ones are left out."""
     for document in documents:
         fresh = read_document(Path(document.path))

@@ -386,7 +386,7 @@ class IndexWriter:
             _create_schema(self.db)
             self.meta = read_meta(self.db)
             if clean_stale and self.meta.get("generation"):
-                self._remove_stale_vector_files(self.meta["generation"])  # leftovers of crashed builds
+                self.remove_stale_vector_files()  # leftovers of crashed builds
         except sqlite3.DatabaseError as error:
             self.close()
             raise RagidxError(
@@ -530,20 +530,15 @@ class IndexWriter:
         empty = np.zeros((0, int(self.meta.get("dimension") or 0)), dtype=np.float32)
         return self.commit([], empty, self.meta, document_ids, **options)
 
-    def stale_vector_files(self) -> list[str]:
-        """Generation files other than the committed one: older generations, crashed builds' leftovers."""
-        current = vectors_file(self.directory, self.meta["generation"]).name
-        return sorted(p.name for p in self.directory.glob("vectors-*.faiss*") if p.name != current)
+    def stale_vector_files(self, keep: int | None = None) -> list[Path]:
+        """Generation files other than ``keep``'s (default: the committed generation's): older
+        generations and leftovers of crashed builds."""
+        current = vectors_file(self.directory, keep if keep is not None else self.meta["generation"]).name
+        return sorted(path for path in self.directory.glob("vectors-*.faiss*") if path.name != current)
 
-    def _remove_stale_vector_files(self, keep: int) -> None:
-        """Delete every generation file but ``keep``: older generations and leftovers of crashed builds."""
-        current = vectors_file(self.directory, keep).name
-        for path in self.directory.glob("vectors-*.faiss*"):
-            if path.name != current:
-                path.unlink(missing_ok=True)
-
-    def remove_stale_vector_files(self) -> None:
-        self._remove_stale_vector_files(self.meta["generation"])
+    def remove_stale_vector_files(self, keep: int | None = None) -> None:
+        for path in self.stale_vector_files(keep):
+            path.unlink(missing_ok=True)
 
     def faulty_rows(self, rule: str) -> int:
         """How many rows break ``rule``, one of :data:`ROW_RULES`."""
@@ -673,7 +668,7 @@ class NextGeneration:
         checkpoint("sqlite-commit")
         self.db.commit()
         writer.meta = {**writer.meta, **new_meta}  # as the table now reads: keys not written stay
-        writer._remove_stale_vector_files(generation)
+        writer.remove_stale_vector_files(generation)
         return Committed(generation, updated.vectors.settings, updated.rebuilt)
 
 

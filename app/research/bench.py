@@ -26,7 +26,7 @@ from ragidx.indexer.packed_linear import unpacked
 from ragidx.indexer.precision import best_flops_per_second
 from ragidx.indexer.runtime import resolve_device, resolve_dtype
 from ragidx.indexer.sources import scan
-from ragidx.indexer.strategies import create_strategy, default_strategy, load_runtime_for
+from ragidx.indexer.strategies import create_strategy, load_runtime_for, named_or_default
 
 if TYPE_CHECKING:
     from ragidx.indexer.runtime import ModelRuntime
@@ -293,7 +293,7 @@ def run_bench(
         chunks = chunks or bench_texts(runtime, source, chunk_tokens, max_texts)
         anchor = anchor_rate(runtime, chunks)
         for name in strategies:
-            name = name or default_strategy(runtime.model.config)[0]
+            name = named_or_default(name, runtime)
             strategy = create_strategy(name, runtime)
             rows.append(bench_strategy(strategy, name, chunks, bench_queries(chunks, queries), peaks, anchor))
     return BenchReport(runtime.model_id, device, len(chunks), chunk_tokens, peaks, rows)

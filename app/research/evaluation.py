@@ -31,8 +31,8 @@ from ragidx.indexer.store import index_exists
 from ragidx.indexer.strategies import (
     COMMON_PARAMS,
     create_strategy,
-    default_strategy,
     load_runtime_for,
+    named_or_default,
     strategy_class,
 )
 from ragidx.indexer.tuning import TuningReport
@@ -391,7 +391,7 @@ def evaluate_sts_variants(
     runtime = load_runtime_for(model, device, dtype, strategies=[variant.strategy for variant in variants])
     report = StsReport(str(path), len(pairs.gold), runtime.model_id)
     for variant in variants:
-        name = variant.strategy or default_strategy(runtime.model.config)[0]
+        name = named_or_default(variant.strategy, runtime)
         label = variant.label(name)
         started = time.perf_counter()
         strategy = create_strategy(name, runtime, **variant.options)

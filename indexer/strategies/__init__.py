@@ -56,6 +56,7 @@ __all__ = [
     "create_strategy",
     "default_strategy",
     "load_runtime_for",
+    "named_or_default",
     "strategy_from_index",
 ]
 
@@ -90,6 +91,11 @@ def default_strategy(config: Any) -> tuple[str, str]:
         if is_model(config, fingerprint):
             return name, f"measured default for {model}"
     return DECODER_DEFAULT, "default for decoder models"
+
+
+def named_or_default(name: str | None, runtime: ModelRuntime) -> str:
+    """``name``, or the default strategy of the loaded model when none is given."""
+    return name or default_strategy(runtime.model.config)[0]
 
 
 def strategy_from_index(name: str, runtime: ModelRuntime, stored: dict[str, Any], **given: Any) -> Strategy:
