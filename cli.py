@@ -17,7 +17,19 @@ from typing import Any
 import click
 
 from ragidx import __version__
-from ragidx.app import Embedder, Index
+from ragidx.app import Embedder, Index, RagidxError
+from ragidx.app.catalog import (
+    DEFAULT_MODEL,
+    DEVICES,
+    DTYPES,
+    OPTION_SPECS,
+    OptionSpec,
+    default_model,
+    flag_of,
+    install_packaged_model,
+    packaged_model_rows,
+    strategy_rows,
+)
 from ragidx.app.research.bench import run_bench
 from ragidx.app.research.calibrate import SAMPLE_CORPUS, calibrate_model
 from ragidx.app.research.evaluation import (
@@ -30,14 +42,7 @@ from ragidx.app.research.evaluation import (
     subsample,
 )
 from ragidx.app.research.plots import plot_calibration, plot_retrieval, plot_sts
-from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.filters import Filters
-from ragidx.indexer.fusion import Fusion
-from ragidx.indexer.models import install_packaged_model, packaged_model_rows
-from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
-from ragidx.indexer.settings import BuildOptions, split_strategy_options
-from ragidx.indexer.strategies import REGISTRY
-from ragidx.indexer.wording import counted, page_label
+from ragidx.indexer.wording import counted, excerpt, page_label
 
 MODEL_HELP = (
     "Model: a short name of a packaged model (see `ragidx models`), a .gguf file, a model folder, or a "
@@ -71,55 +76,22 @@ def _device_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return _device_option(command)
 
 
-# Options that only some strategies take (the strategy refuses the ones it does not): the
-# declarations, (flag, click keyword arguments), shared by build/embed and by eval's sweeps.
+def _click_settings(spec: OptionSpec) -> dict[str, Any]:
+    """The click keyword arguments of a strategy option's flag, from its declaration."""
+    kind, choices = spec.type.kind, spec.type.choices
+    if kind is bool:
+        return {"is_flag": True, "help": spec.help}
+    if choices:
+        return {"type": click.Choice(choices), "help": spec.help}
+    if kind is int and spec.minimum is not None:
+        return {"type": click.IntRange(min=spec.minimum), "help": spec.help}
+    return {"type": kind, "help": spec.help}
+
+
+# Options that only some strategies take (the strategy refuses the ones it does not), as declared
+# by the strategies' Options: (flag, click keyword arguments), for build/embed and eval's sweeps.
 STRATEGY_OPTION_SPECS: list[tuple[str, dict[str, Any]]] = [
-    (
-        "--prompt",
-        {
-            "help": "Prompt: futureeol|prompteol|none (value aggregation); prompteol|cot|knowledge or a "
-            "'+'-joined set such as cot+knowledge (cp)."
-        },
-    ),
-    ("--layers", {"help": "Layer set, 0-based, e.g. 20-27 or 26,27,29."}),
-    ("--query-instruction", {"help": "Text placed before each query inside its template."}),
-    ("--normalize-layers", {"is_flag": True, "help": "L2-normalise each layer before averaging."}),
-    (
-        "--attention-norm",
-        {
-            "type": click.Choice(["after", "before"]),
-            "help": "aligned-wva on Gemma: read the attention output after its post-attention norm "
-            "(default; what the residual stream receives) or before it.",
-        },
-    ),
-    ("--rewire", {"help": "htp/tp: rewire before layers START..STOP-1, e.g. 1-7 (1-1: none)."}),
-    ("--exit-layer", {"type": int, "help": "htp/tp: layer whose output is read (-2: second to last)."}),
-    ("--block-sentences", {"type": click.IntRange(min=1), "help": "htp: sentences per block."}),
-    (
-        "--placeholder-init",
-        {"type": click.Choice(["mean", "randn"]), "help": "htp/tp: embedding rows of <PST>/<B-PST>."},
-    ),
-    ("--pool", {"type": click.Choice(["mean", "last"]), "help": "tp: readout pooling."}),
-    (
-        "--sink",
-        {
-            "type": click.Choice(["auto", "bos", "eos", "none"]),
-            "help": "htp/tp: token put first when the tokenizer adds none (auto: its BOS, else EOS).",
-        },
-    ),
-    ("--icl-demo", {"help": 'prompteol: one demonstration, "SENTENCE=>WORD".'}),
-    ("--aux-prompt", {"help": "cp: auxiliary template ({text} slot)."}),
-    ("--cp-layer", {"type": int, "help": "cp: intervention layer l."}),
-    ("--cp-mode", {"type": click.Choice(["ns", "nr"]), "help": "cp: norm scaling or recovering."}),
-    ("--cp-alpha", {"type": float, "help": "cp: scaling factor of ns."}),
-    ("--output-layer", {"type": int, "help": "cp: layer whose last token is read."}),
-    (
-        "--kv-bias",
-        {
-            "type": float,
-            "help": "kv-embedding: logit bias of the re-routed prefix (default 1.0; -inf: no re-routing).",
-        },
-    ),
+    (spec.flag, _click_settings(spec)) for spec in OPTION_SPECS
 ]
 
 
@@ -158,9 +130,8 @@ def _swept_strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def _sweeps(options: dict[str, Any]) -> dict[str, list[Any]]:
     """Pop ``eval``'s strategy options out of a command's keyword arguments as value lists."""
-    given = split_strategy_options(options)
-    for name in ("document_template", "query_template"):
-        given[name] = options.pop(name)
+    names = [spec.name for spec in OPTION_SPECS] + ["document_template", "query_template"]
+    given = {name: options.pop(name) for name in names}
     return {
         name: list(value) if isinstance(value, tuple) else [value] for name, value in given.items() if value
     }
@@ -208,9 +179,15 @@ def _model_option(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
-def _given_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Pop the strategy options out of a command's keyword arguments, keeping only those given."""
-    return split_strategy_options(options)
+def parse_meta(pairs: Sequence[str]) -> dict[str, list[str]]:
+    """``--meta KEY=VALUE`` options into a metadata filter; a key given twice accepts either value."""
+    meta: dict[str, list[str]] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise RagidxError(f"--meta expects KEY=VALUE, got {excerpt(pair)}")
+        meta.setdefault(key.strip(), []).append(value)
+    return meta
 
 
 def _print_json(data: Any) -> None:
@@ -476,8 +453,7 @@ def query(
     """Search the index for TEXT."""
     if as_json and as_jsonl:
         raise RagidxError("--json and --jsonl exclude each other")
-    filters = Filters.create(paths, exts, Filters.parse_meta(meta))
-    given = Fusion.parse(weights).weights() if weights is not None else None
+    filters = {"path": list(paths), "ext": list(exts), "meta": parse_meta(meta)}
     with Index.open(index_dir, device=device, dtype=dtype) as index:
         index.check_compatible(model, strategy)
         hits = index.search(
@@ -486,7 +462,7 @@ def query(
             mode,
             filters,
             min_score,
-            weights=given,
+            weights=weights,
             fusion=fusion,
             ef_search=ef_search,
             nprobe=nprobe,
@@ -536,7 +512,7 @@ def embed(
 ) -> None:
     """Print the vectors of TEXTS ('-' reads one text per line from stdin)."""
     items = [line.rstrip("\n") for line in sys.stdin if line.strip()] if texts == ("-",) else list(texts)
-    strategy_options = _given_strategy_options(options)
+    strategy_options = {name: value for name, value in options.items() if value is not None}
     if index_dir is None and (model or strategy):
         embedder = Embedder(model, strategy, device=device, dtype=dtype or "auto", **strategy_options)
         vectors = embedder.embed(items, role)
@@ -740,7 +716,12 @@ def eval_retrieval(
     if index_dir and len(variants) > 1:
         raise RagidxError("--index holds one strategy's index: give one --strategy (and no sweep) with it")
     dataset = subsample(load_beir(directory, split), max_docs, max_queries)
-    settings = BuildOptions(
+    report = evaluate_retrieval(
+        dataset,
+        split,
+        variants,
+        mode_list,
+        index_dir,
         model=model,
         device=device,
         dtype=dtype or "auto",
@@ -748,7 +729,6 @@ def eval_retrieval(
         max_length=max_length,
         batch_size=batch_size,
     )
-    report = evaluate_retrieval(dataset, split, variants, mode_list, settings, index_dir)
     if plot:
         plot_retrieval(report, plot)
     if _report_json(report, json_target):
@@ -1032,21 +1012,15 @@ def tune(index_dir: Path | None, queries: int | None, device: str, as_json: bool
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def strategies(as_json: bool) -> None:
-    """List the embedding strategies."""
-    rows = [
-        {
-            "name": cls.name,
-            "description": cls.description,
-            "paper": cls.paper,
-            "decoder_only": cls.decoder_only,
-        }
-        for cls in REGISTRY.values()
-    ]
+    """List the embedding strategies and the options each takes (see `ragidx build --help`)."""
+    rows = strategy_rows()
     if as_json:
         _print_json(rows)
         return
     for row in rows:
         click.echo(f"{row['name']:<12} {row['description']}")
+        if row["options"]:
+            click.echo(f"{'':<12} options: {' '.join(map(flag_of, row['options']))}")
 
 
 def _display_path(path: str) -> str:

@@ -2,5 +2,6 @@
 
 from ragidx.app.embedder import Embedder
 from ragidx.app.retriever import Hit, Index
+from ragidx.indexer.errors import RagidxError
 
-__all__ = ["Embedder", "Hit", "Index"]
+__all__ = ["Embedder", "Hit", "Index", "RagidxError"]

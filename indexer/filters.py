@@ -29,7 +29,7 @@ JSON_VALUE_AS_TEXT = (
 
 @dataclass(frozen=True)
 class Filters:
-    """Normalised filters; build them with :meth:`create`, :meth:`from_mapping` or :meth:`parse_meta`."""
+    """Normalised filters; build them with :meth:`create` or :meth:`from_mapping`."""
 
     paths: tuple[str, ...] = ()
     exts: tuple[str, ...] = ()
@@ -73,17 +73,6 @@ class Filters:
         if not isinstance(meta, Mapping):
             raise RagidxError('the "meta" filter must map keys to values')
         return cls.create(_strings("path", data.get("path")), _strings("ext", data.get("ext")), meta)
-
-    @classmethod
-    def parse_meta(cls, pairs: Iterable[str]) -> dict[str, list[str]]:
-        """``KEY=VALUE`` options into a mapping; a key given twice accepts either value."""
-        meta: dict[str, list[str]] = {}
-        for pair in pairs:
-            key, sep, value = pair.partition("=")
-            if not sep or not key.strip():
-                raise RagidxError(f"--meta expects KEY=VALUE, got {excerpt(pair)}")
-            meta.setdefault(key.strip(), []).append(value)
-        return meta
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": list(self.paths), "ext": list(self.exts), "meta": dict(self.meta)}

@@ -27,7 +27,7 @@ MIN_CANDIDATES = 100  # per list before fusion: enough that fusion can promote a
 
 Ranked = dict[str, list[tuple[int, float]]]  # "dense" / "lexical" -> (chunk id, score), best first
 FilterSpec = Filters | Mapping[str, Any] | None
-WeightSpec = Fusion | Mapping[str, float] | None
+WeightSpec = Fusion | Mapping[str, float] | str | None  # str: "dense=0.3,lexical=0.7"
 Embed = Callable[[Sequence[str]], np.ndarray]
 Result = TypeVar("Result")
 
@@ -99,6 +99,8 @@ class SearchRequest:
             raise RagidxError("the query is empty")
         if not all(encodable(query) for query in queries):
             raise RagidxError("the query is not valid Unicode text (it holds a lone surrogate)")
+        if isinstance(weights, str):  # the weights alone: the method stays the index's unless ``fusion``
+            weights = Fusion.parse(weights).weights()
         given = weights if isinstance(weights, Fusion) or weights is None else Fusion.from_weights(weights)
         method = fusion or (weights.method if isinstance(weights, Fusion) else None)
         if method is not None:

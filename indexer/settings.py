@@ -23,6 +23,7 @@ from ragidx.indexer.sources import SourceDocument, read_document
 from ragidx.indexer.store import default_index_dir, no_index
 from ragidx.indexer.strategies import (
     LONG_DOCUMENT_STRATEGY,
+    OPTION_SPECS,
     BatchSettings,
     Strategy,
     create_strategy,
@@ -34,26 +35,7 @@ from ragidx.indexer.strategies import (
 from ragidx.indexer.vector_index import VectorIndexSettings
 
 # Options only some strategies take (each strategy refuses the ones it does not).
-STRATEGY_OPTIONS = (
-    "prompt",
-    "layers",
-    "query_instruction",
-    "normalize_layers",
-    "attention_norm",
-    "rewire",
-    "exit_layer",
-    "block_sentences",
-    "placeholder_init",
-    "pool",
-    "icl_demo",
-    "aux_prompt",
-    "cp_layer",
-    "cp_mode",
-    "cp_alpha",
-    "output_layer",
-    "kv_bias",
-    "sink",
-)
+STRATEGY_OPTIONS = tuple(spec.name for spec in OPTION_SPECS)
 MODEL_KEYS = ("model", "model_file", "strategy", "strategy_params")  # what a loaded strategy depends on
 COMPARED_KEYS = ("model", "strategy", "strategy_params", "chunker")  # vectors mix only if these agree
 
@@ -309,10 +291,15 @@ class Resolution:
 def resolve(given: BuildOptions, previous: IndexSettings | None) -> Resolution:
     """``given`` against the index's ``previous`` settings: a build adds to them unless
     ``--rebuild``, and inherits them (also on ``--rebuild``) unless it names another model, whose
-    layers, templates and token counts differ."""
+    layers, templates and token counts differ. Options the named strategy does not declare, or
+    values its declaration refuses, are refused here."""
     stored = previous if not given.rebuild else None
     other_model = given.model and previous and canonical_model_id(given.model) != previous.model
-    return Resolution(given, previous, stored, None if other_model else previous)
+    resolution = Resolution(given, previous, stored, None if other_model else previous)
+    named = resolution.strategy_asked
+    if named not in (None, "auto"):  # refuse bad options in milliseconds, before the model loads
+        strategy_class(named).Options.given(given.strategy_options, named)
+    return resolution
 
 
 def _texts(documents: Sequence[SourceDocument]) -> Iterator[str]:

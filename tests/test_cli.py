@@ -193,6 +193,13 @@ def test_strategies_lists_every_strategy():
     out = ragidx("strategies").stdout
     for name in ("mean", "last", "prompteol"):
         assert re.search(rf"^{name}\s+\S", out, re.MULTILINE)
+    assert re.search(
+        r"^htp .*\n\s+options: --rewire --exit-layer --placeholder-init --sink --block-sentences$",
+        out,
+        re.MULTILINE,
+    )
+    listed = {row["name"]: row["options"] for row in json.loads(ragidx("strategies", "--json").stdout)}
+    assert listed["mean"] == [] and listed["kv-embedding"] == ["layers", "kv_bias"]
 
 
 def test_settings_mismatches_are_refused(built, tiny_models, sample_corpus, tmp_path):

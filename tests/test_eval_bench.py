@@ -69,15 +69,14 @@ def test_eval_retrieval_equals_exact_search_over_whole_documents(beir, tiny_mode
 def test_eval_reports_tuned_hybrid_beside_equal_weights(beir, tiny_models, tmp_path):
     """With the index's weights set to lexical only, ``hybrid`` ranks documents as ``lexical`` does."""
     from ragidx.app.research.evaluation import EVAL_MODES, evaluate_retrieval
-    from ragidx.indexer.pipeline import BuildOptions
     from ragidx.indexer.store import IndexWriter
 
     index, dataset = tmp_path / "index", load_beir(beir, "test")
-    options = BuildOptions(model=str(tiny_models["llama"]), device="cpu", progress=False)
-    evaluate_retrieval(dataset, "test", ["mean"], ["dense"], options, index)
+    options = {"model": str(tiny_models["llama"]), "device": "cpu", "progress": False}
+    evaluate_retrieval(dataset, "test", ["mean"], ["dense"], index, **options)
     with IndexWriter(index) as writer:
         writer.update_meta({"fusion": {**writer.meta["fusion"], "weights": {"dense": 0.0, "lexical": 1.0}}})
-    report = evaluate_retrieval(dataset, "test", ["mean"], list(EVAL_MODES), options, index)
+    report = evaluate_retrieval(dataset, "test", ["mean"], list(EVAL_MODES), index, **options)
     rows = {row.mode: row.metrics for row in report.rows}
     assert list(rows) == ["dense", "lexical", "hybrid-equal", "hybrid"]
     assert report.fusion["mean"]["weights"] == {"dense": 0.0, "lexical": 1.0}

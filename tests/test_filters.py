@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 
 from ragidx.app import Index
+from ragidx.cli import parse_meta
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.filters import Filters
 from ragidx.indexer.fusion import Fusion
@@ -163,9 +164,9 @@ def test_bad_filters_are_refused_with_a_message(index, spec, message):
 
 
 def test_meta_options_parse_key_value_pairs():
-    assert Filters.parse_meta(["tag=a", "tag=b", "lang=en=GB"]) == {"tag": ["a", "b"], "lang": ["en=GB"]}
+    assert parse_meta(["tag=a", "tag=b", "lang=en=GB"]) == {"tag": ["a", "b"], "lang": ["en=GB"]}
     with pytest.raises(RagidxError, match="KEY=VALUE"):
-        Filters.parse_meta(["novalue"])
+        parse_meta(["novalue"])
 
 
 def test_unknown_build_options_are_refused(tmp_path, sample_corpus):

@@ -63,3 +63,15 @@ def test_the_embedder_embeds_as_the_strategy_does(tiny_models, runtimes):
         Embedder(str(tiny_models["llama"]), "mean", device="cpu", layers="1-2")
     with pytest.raises(RagidxError, match="unknown embedding option 'colour'"):
         Embedder(str(tiny_models["llama"]), device="cpu", colour="red")
+
+
+def test_bad_strategy_options_are_refused_before_the_model_loads(corpus, tmp_path):
+    """A named strategy's options are checked against its declaration first: the model path here
+    does not exist, so reaching the model would fail with another error."""
+    missing = str(tmp_path / "no-such-model")
+    for options, message in [
+        ({"strategy": "htp", "block_sentences": 0}, "--block-sentences must be at least 1, got 0"),
+        ({"strategy": "mean", "layers": "1-2"}, "--layers does not apply to strategy 'mean'"),
+    ]:
+        with pytest.raises(RagidxError, match=message):
+            Index.update([corpus], tmp_path / "index", model=missing, progress=False, **options)

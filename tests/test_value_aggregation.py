@@ -121,13 +121,16 @@ def expected_vector(arch, plain_models, name, text, template, layers, normalize=
 @pytest.mark.parametrize("name", ["aligned-wva", "wva", "va"])
 def test_matches_attention_recomputed_from_weights(arch, name, runtimes, plain_models):
     strategy = create_strategy(name, runtimes[arch])
-    assert strategy.layers == [4, 5]  # round(0.65 * 6) .. round(0.85 * 6), or .. 5 (L - 1) for aligned-wva
+    assert strategy.options.layers == [
+        4,
+        5,
+    ]  # round(0.65 * 6) .. round(0.85 * 6), or .. 5 (L - 1) for aligned-wva
     for text in TEXTS:
         if name == "va":
-            expected = expected_vector(arch, plain_models, name, text, "{text}", strategy.layers)
+            expected = expected_vector(arch, plain_models, name, text, "{text}", strategy.options.layers)
         else:
             expected = expected_vector(
-                arch, plain_models, name, preprocess_for_prompt(text), FUTUREEOL, strategy.layers
+                arch, plain_models, name, preprocess_for_prompt(text), FUTUREEOL, strategy.options.layers
             )
         np.testing.assert_allclose(strategy.encode([text])[0], expected, atol=1e-4, err_msg=f"{arch} {name}")
 
@@ -215,7 +218,7 @@ def test_layer_specifications():
 def test_options_are_checked(runtimes):
     with pytest.raises(RagidxError, match="--layers does not apply to strategy 'mean'"):
         create_strategy("mean", runtimes["qwen2"], layers="1")
-    with pytest.raises(RagidxError, match="unknown prompt"):
+    with pytest.raises(RagidxError, match="unknown --prompt 'poem'"):
         create_strategy("aligned-wva", runtimes["qwen2"], prompt="poem")
     with pytest.raises(RagidxError, match="model has layers 0-5"):
         create_strategy("va", runtimes["qwen2"], layers="6")
@@ -230,8 +233,10 @@ def test_gemma_attention_output_before_its_norm_and_older_indexes(arch, runtimes
     after = create_strategy("aligned-wva", runtimes[arch])
     stored = {key: value for key, value in after.params.items() if key != "attention_norm"}
     older = strategy_from_index("aligned-wva", runtimes[arch], stored)
-    assert (after.attention_norm, older.attention_norm) == ("after", "before")
+    assert (after.options.attention_norm, older.options.attention_norm) == ("after", "before")
     text = preprocess_for_prompt(TEXTS[0])
-    expected = expected_vector(arch, plain_models, "aligned-wva before norm", text, FUTUREEOL, older.layers)
+    expected = expected_vector(
+        arch, plain_models, "aligned-wva before norm", text, FUTUREEOL, older.options.layers
+    )
     np.testing.assert_allclose(older.encode([TEXTS[0]])[0], expected, atol=1e-4)
     assert np.abs(older.encode([TEXTS[0]])[0] - after.encode([TEXTS[0]])[0]).max() > 1e-3

@@ -27,9 +27,9 @@ from ragidx.indexer.fusion import Fusion
 from ragidx.indexer.pipeline import build
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.runtime import default_model
+from ragidx.indexer.settings import build_options
 from ragidx.indexer.store import index_exists
 from ragidx.indexer.strategies import (
-    COMMON_PARAMS,
     create_strategy,
     load_runtime_for,
     named_or_default,
@@ -73,7 +73,7 @@ def expand_variants(strategies: Sequence[str | None], sweeps: Mapping[str, Seque
     sweeps = {name: list(values) for name, values in sweeps.items() if values}
     if sweeps and None in strategies:
         raise RagidxError("name the strategies (--strategy) whose options are given")
-    takes = {name: strategy_class(name).options | COMMON_PARAMS for name in strategies if name}
+    takes = {name: strategy_class(name).takes() for name in strategies if name}
     unused = sorted(option for option in sweeps if not any(option in opts for opts in takes.values()))
     if unused:
         flags = ", ".join("--" + option.replace("_", "-") for option in unused)
@@ -267,15 +267,16 @@ def evaluate_retrieval(
     split: str,
     variants: Sequence[Variant | str | None],
     modes: Sequence[str],
-    options: Any,
     index_dir: Path | None = None,
+    **shared: Any,
 ) -> RetrievalReport:
     """Build (or reuse ``index_dir``) an index of the corpus per variant and score every query.
 
-    ``options`` is a :class:`~ragidx.indexer.pipeline.BuildOptions` template; its strategy, its
-    strategy options and the index folder are set per variant (a plain name is a variant
-    without options).
+    ``shared`` holds the build options (as ``ragidx build`` takes them) common to every variant;
+    the strategy, its options and the index folder are set per variant (a plain name is a
+    variant without options).
     """
+    options = build_options(**shared)
     model = options.model or default_model()
     report = RetrievalReport(dataset.name, split, len(dataset.corpus), len(dataset.queries), model)
     with tempfile.TemporaryDirectory(prefix="ragidx-eval-") as scratch:

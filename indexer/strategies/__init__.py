@@ -8,11 +8,12 @@ from typing import Any
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.models import ModelSource
 from ragidx.indexer.runtime import ENCODER_TYPES, ModelRuntime, load_runtime
-from ragidx.indexer.strategies.base import BatchSettings, Role, Strategy
+from ragidx.indexer.strategies.base import COMMON_PARAMS, BatchSettings, Role, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.contrastive import ContrastivePrompting
 from ragidx.indexer.strategies.echo import Echo
 from ragidx.indexer.strategies.kv_embedding import KVEmbedding
+from ragidx.indexer.strategies.options import OptionSpec, option_specs
 from ragidx.indexer.strategies.paper_models import GEMMA3_270M, SMOLLM2_135M, is_model
 from ragidx.indexer.strategies.prompts import KnowledgePrompt, PretendedCoT, PromptEOL
 from ragidx.indexer.strategies.token_prepending import GlobalTokenPrepending, HierarchicalTokenPrepending
@@ -36,7 +37,8 @@ REGISTRY: dict[str, type[Strategy]] = {
         ValueVectors,
     )
 }
-COMMON_PARAMS = frozenset({"document_template", "query_template", "max_length", "batch"})
+# One CLI flag per option name over every strategy, derived from their Options declarations.
+OPTION_SPECS: list[OptionSpec] = option_specs((name, cls.Options) for name, cls in REGISTRY.items())
 # The best SciFact train nDCG@10 (dense, 500 abstracts, 200 claims) on each packaged decoder, also
 # at or near the top on STS-B dev (README, "Choosing a strategy"). Other decoders get AlignedWVA:
 # the best mean over both models on both tasks; KV-Embedding, best on Gemma 3, is last on SmolLM2.
@@ -48,6 +50,7 @@ DECODER_DEFAULT = "aligned-wva"
 LONG_DOCUMENT_STRATEGY = "htp"
 
 __all__ = [
+    "OPTION_SPECS",
     "REGISTRY",
     "BatchSettings",
     "Role",
@@ -120,12 +123,9 @@ def load_runtime_for(
 def create_strategy(name: str, runtime: ModelRuntime, **params: Any) -> Strategy:
     """Build a strategy from its name and stored or user-given parameters.
 
-    Options a strategy does not take are refused by name, so ``--layers`` with ``mean`` is an
-    error rather than silently ignored.
+    Each option is checked against the strategy's ``Options`` declaration; one it does not take
+    is refused by name, so ``--layers`` with ``mean`` is an error rather than silently ignored.
     """
     cls = strategy_class(name)
-    foreign = sorted(set(params) - COMMON_PARAMS - cls.options)
-    if foreign:
-        flags = ", ".join("--" + key.replace("_", "-") for key in foreign)
-        raise RagidxError(f"{flags} does not apply to strategy '{name}'")
-    return cls(runtime, **params)
+    common = {key: params.pop(key) for key in COMMON_PARAMS & set(params)}
+    return cls(runtime, cls.Options.given(params, name), **common)

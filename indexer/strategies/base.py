@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.options import StrategyOptions
 
 if TYPE_CHECKING:
     import torch
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 Role = Literal["document", "query"]
 ROLES: tuple[Role, ...] = ("document", "query")
 TEXT_SLOT = "{text}"
+COMMON_PARAMS = frozenset({"document_template", "query_template", "max_length", "batch"})
 ProgressCallback = Callable[[int, int], None]
 
 
@@ -81,9 +84,10 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
 class Strategy(ABC):
     """Turns texts into L2-normalised float32 vectors with one model.
 
-    Subclasses set the class attributes and implement :meth:`readout`; everything that must be
-    reproduced at query time is in :attr:`params`, which the index stores and passes back to the
-    constructor.
+    Subclasses set the class attributes and implement :meth:`readout`; a strategy with options
+    declares them in a nested ``Options`` dataclass (see :mod:`.options`) and keeps their resolved
+    values in :attr:`options`. Everything that must be reproduced at query time is in
+    :attr:`params`, which the index stores and passes back to :func:`create_strategy`.
     """
 
     name: ClassVar[str]
@@ -93,7 +97,8 @@ class Strategy(ABC):
     default_document_template: ClassVar[str] = TEXT_SLOT
     default_query_template: ClassVar[str] = TEXT_SLOT
     preprocess_text: ClassVar[bool] = False
-    options: ClassVar[frozenset[str]] = frozenset()
+    Options: ClassVar[type[StrategyOptions]] = StrategyOptions
+    options: StrategyOptions
     default_max_length: ClassVar[int] = 512
     default_chunk_tokens: ClassVar[int] = 256
     text_slots: ClassVar[int] = 1
@@ -104,6 +109,7 @@ class Strategy(ABC):
     def __init__(
         self,
         runtime: ModelRuntime,
+        options: StrategyOptions | None = None,
         *,
         document_template: str | None = None,
         query_template: str | None = None,
@@ -124,7 +130,13 @@ class Strategy(ABC):
         )
         self.max_length = min(max_length or self.default_max_length, runtime.max_positions)
         self.batch = batch or BatchSettings()
+        self.options = options if options is not None else self.Options()
         self.truncated = 0
+
+    @classmethod
+    def takes(cls) -> frozenset[str]:
+        """Every parameter this strategy accepts: the common ones and its own options."""
+        return COMMON_PARAMS | cls.Options.names()
 
     @classmethod
     def upgrade_params(cls, stored: dict[str, Any]) -> dict[str, Any]:
@@ -134,11 +146,13 @@ class Strategy(ABC):
 
     @property
     def params(self) -> dict[str, Any]:
-        """Everything that determines a vector, as stored in the index's meta table."""
+        """Everything that determines a vector, as stored in the index's meta table: the
+        templates, the length and the resolved options."""
         return {
             "document_template": self.document_template,
             "query_template": self.query_template,
             "max_length": self.max_length,
+            **dataclasses.asdict(self.options),
         }
 
     @property

@@ -11,13 +11,15 @@ recovering, NR), and its last token is read at the output layer. Several normal 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import ROLES, PreparedText, Role, Strategy, check_template
 from ragidx.indexer.strategies.layers import resolve_layer
+from ragidx.indexer.strategies.options import StrategyOptions, option
 from ragidx.indexer.strategies.paper_models import LLAMA2_7B, LLAMA3_8B, is_model
 from ragidx.indexer.strategies.pooling import last_real_token
 from ragidx.indexer.strategies.prompts import NORMAL_PROMPTS
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from ragidx.indexer.runtime import Batch, ModelRuntime
 
 AUXILIARY_TEMPLATE = 'The irrelevant information of this sentence : "{text}" means in one word:"'
-MODES = ("ns", "nr")
+Mode = Literal["ns", "nr"]
 # (intervention layer, alpha, output layer) from the authors' code for the models it names.
 PAPER_SETTINGS = (("Llama-2-7B", LLAMA2_7B, (4, 0.5, 26)), ("Llama-3-8B", LLAMA3_8B, (6, 0.25, 30)))
 DEFAULT_ALPHA = 0.5
@@ -69,90 +71,90 @@ class ContrastivePrompting(Strategy):
     preprocess_text = True
     # Subtracting the auxiliary pass amplifies rounding: bf16 moved a Gemma 3 chunk to cosine 0.9977.
     bfloat16_ok = False
-    options: ClassVar[frozenset[str]] = frozenset(
-        {"prompt", "aux_prompt", "cp_layer", "cp_mode", "cp_alpha", "output_layer", "normal_templates"}
-    )
+
+    @dataclass(frozen=True)
+    class Options(StrategyOptions):
+        prompt: str = option(
+            "prompteol|cot|knowledge or a '+'-joined set such as cot+knowledge.", "prompteol"
+        )
+        aux_prompt: str | None = option("Auxiliary template ({text} slot).")
+        cp_layer: int | None = option("Intervention layer l.")
+        cp_mode: Mode = option("Norm scaling or recovering.", "ns")
+        cp_alpha: float | None = option("Scaling factor of ns.")
+        output_layer: int | None = option("Layer whose last token is read.")
+        # Role -> one template per prompt: how an index restores a set (stored, never a flag).
+        normal_templates: dict[str, list[str]] | None = option(None)
+
+    options: Options
 
     def __init__(
         self,
         runtime: ModelRuntime,
+        options: Options | None = None,
         *,
-        prompt: str = "prompteol",
-        aux_prompt: str | None = None,
-        cp_layer: int | None = None,
-        cp_mode: str = "ns",
-        cp_alpha: float | None = None,
-        output_layer: int | None = None,
-        normal_templates: dict[str, list[str]] | None = None,
         document_template: str | None = None,
         query_template: str | None = None,
         **common: Any,
     ):
-        """``normal_templates`` (role -> one template per prompt) is how an index restores a set;
-        ``document_template``/``query_template`` customise a single prompt."""
-        names = prompt.split("+")
-        unknown = [name for name in names if name not in NORMAL_PROMPTS]
-        if unknown or len(set(names)) != len(names):
-            raise RagidxError(
-                f"--prompt {prompt!r}: use {', '.join(NORMAL_PROMPTS)} "
-                "or a '+'-joined set such as cot+knowledge"
-            )
-        if cp_mode not in MODES:
-            raise RagidxError(f"unknown --cp-mode '{cp_mode}': choose ns or nr")
-        if normal_templates is None:
-            if len(names) > 1 and (document_template or query_template):
-                raise RagidxError("--document-template/--query-template need a single --prompt, not a set")
-            normal_templates = {
-                "document": [document_template or NORMAL_PROMPTS[name] for name in names],
-                "query": [query_template or NORMAL_PROMPTS[name] for name in names],
-            }
-        if sorted(normal_templates) != sorted(ROLES) or any(
-            len(t) != len(names) for t in normal_templates.values()
-        ):
-            raise RagidxError(f"normal_templates needs one template per prompt of {prompt!r} for each role")
-        self.prompt = prompt
-        self.templates = {
-            role: [check_template(t, "normal template") for t in normal_templates[role]] for role in ROLES
-        }
-        self.aux_template = check_template(aux_prompt or AUXILIARY_TEMPLATE, "--aux-prompt")
+        """``document_template``/``query_template`` customise a single prompt."""
+        options = options or self.Options()
+        templates = self.normal_templates(options, document_template, query_template)
         super().__init__(
             runtime,
-            document_template=self.templates["document"][0],
-            query_template=self.templates["query"][0],
+            options,
+            document_template=templates["document"][0],
+            query_template=templates["query"][0],
             **common,
         )
         (layer, alpha, output), self.settings_source = default_settings(runtime.model.config)
         num_layers = runtime.arch.num_layers
-        self.cp_layer = resolve_layer(layer if cp_layer is None else cp_layer, num_layers, "--cp-layer")
-        self.output_layer = resolve_layer(
-            output if output_layer is None else output_layer, num_layers, "--output-layer"
+        given = options.cp_layer, options.output_layer
+        cp_layer = resolve_layer(layer if given[0] is None else given[0], num_layers, "--cp-layer")
+        output_layer = resolve_layer(output if given[1] is None else given[1], num_layers, "--output-layer")
+        if output_layer < cp_layer:
+            raise RagidxError(f"--output-layer {output_layer} comes before the intervention layer {cp_layer}")
+        self.options = dataclasses.replace(
+            options,
+            normal_templates=templates,
+            aux_prompt=check_template(options.aux_prompt or AUXILIARY_TEMPLATE, "--aux-prompt"),
+            cp_layer=cp_layer,
+            output_layer=output_layer,
+            cp_alpha=float(alpha if options.cp_alpha is None else options.cp_alpha),
         )
-        if self.output_layer < self.cp_layer:
-            raise RagidxError(
-                f"--output-layer {self.output_layer} comes before the intervention layer {self.cp_layer}"
-            )
-        self.cp_mode = cp_mode
-        self.cp_alpha = float(alpha if cp_alpha is None else cp_alpha)
 
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            **super().params,
-            "prompt": self.prompt,
-            "normal_templates": self.templates,
-            "aux_prompt": self.aux_template,
-            "cp_layer": self.cp_layer,
-            "cp_mode": self.cp_mode,
-            "cp_alpha": self.cp_alpha,
-            "output_layer": self.output_layer,
-        }
+    @staticmethod
+    def normal_templates(
+        options: Options, document_template: str | None, query_template: str | None
+    ) -> dict[str, list[str]]:
+        """Role -> one checked template per prompt of ``options.prompt``: the stored set, else the
+        prompts' own templates (or the one given template of a single prompt)."""
+        names = options.prompt.split("+")
+        unknown = [name for name in names if name not in NORMAL_PROMPTS]
+        if unknown or len(set(names)) != len(names):
+            raise RagidxError(
+                f"--prompt {options.prompt!r}: use {', '.join(NORMAL_PROMPTS)} "
+                "or a '+'-joined set such as cot+knowledge"
+            )
+        templates = options.normal_templates
+        if templates is None:
+            if len(names) > 1 and (document_template or query_template):
+                raise RagidxError("--document-template/--query-template need a single --prompt, not a set")
+            templates = {
+                "document": [document_template or NORMAL_PROMPTS[name] for name in names],
+                "query": [query_template or NORMAL_PROMPTS[name] for name in names],
+            }
+        if sorted(templates) != sorted(ROLES) or any(len(t) != len(names) for t in templates.values()):
+            raise RagidxError(
+                f"normal_templates needs one template per prompt of {options.prompt!r} for each role"
+            )
+        return {role: [check_template(t, "normal template") for t in templates[role]] for role in ROLES}
 
     @property
     def notes(self) -> dict[str, Any]:
         return {
             "settings_source": self.settings_source,
-            "layers_per_text": f"{self.cp_layer + 1} (auxiliary) + {len(self.templates['document'])} x "
-            f"{self.output_layer + 1} (normal)",
+            "layers_per_text": f"{self.options.cp_layer + 1} (auxiliary) + "
+            f"{len(self.options.normal_templates['document'])} x {self.options.output_layer + 1} (normal)",
         }
 
     def prepare(
@@ -161,19 +163,19 @@ class ContrastivePrompting(Strategy):
         prepared: list[PreparedText] = []
         for text in texts:
             before = self.truncated
-            normals = [self.templated_ids(text, template) for template in self.templates[role]]
-            auxiliary = self.templated_ids(text, self.aux_template)
+            normals = [self.templated_ids(text, template) for template in self.options.normal_templates[role]]
+            auxiliary = self.templated_ids(text, self.options.aux_prompt)
             self.truncated = before + (self.truncated > before)  # count texts, not prompts
             prepared.append(PromptSet(normals[0], normals, auxiliary))
         return prepared
 
     def o_proj(self) -> torch.nn.Module:
-        return self.runtime.arch.attention(self.cp_layer).o_proj
+        return self.runtime.arch.attention(self.options.cp_layer).o_proj
 
     def auxiliary_vectors(self, batch: Batch) -> torch.Tensor:
         """B: the auxiliary prompt's o_proj input at layer l, last real token; layers past l never run."""
         with self.runtime.capture(self.o_proj(), lambda x: last_real_token(x, batch), inputs=True) as seen:
-            self.runtime.forward(batch, stop_after=self.cp_layer)
+            self.runtime.forward(batch, stop_after=self.options.cp_layer)
         return seen[0]
 
     def contrasted_readout(self, batch: Batch, auxiliary: torch.Tensor) -> torch.Tensor:
@@ -186,17 +188,17 @@ class ContrastivePrompting(Strategy):
             states = args[0].clone()
             original = states[rows, last]
             states[rows, last] = intervene(
-                original, auxiliary.to(original.dtype), self.cp_mode, self.cp_alpha
+                original, auxiliary.to(original.dtype), self.options.cp_mode, self.options.cp_alpha
             )
             return (states, *args[1:])
 
-        layer = self.runtime.arch.layers[self.output_layer]
+        layer = self.runtime.arch.layers[self.options.output_layer]
         with contextlib.ExitStack() as stack:
             stack.callback(self.o_proj().register_forward_pre_hook(replace).remove)
             seen = stack.enter_context(
                 self.runtime.capture(layer, lambda states: last_real_token(states, batch))
             )
-            self.runtime.forward(batch, stop_after=self.output_layer)
+            self.runtime.forward(batch, stop_after=self.options.output_layer)
         return seen[0]
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:

@@ -6,11 +6,14 @@ in the text despite causal attention; the price is a sequence twice as long.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import ROLES, PooledText, PreparedText, Role, Strategy
+from ragidx.indexer.strategies.options import QUERY_INSTRUCTION_HELP, StrategyOptions, option
 from ragidx.indexer.strategies.pooling import mean_of_positions
 from ragidx.indexer.strategies.token_templates import tokenize_template
 
@@ -34,26 +37,30 @@ class Echo(Strategy):
     default_query_template = ECHO_QUERY_TEMPLATE
     default_max_length = 1024  # two copies of a 256-token chunk and the template fit
     text_slots = 2
-    options: ClassVar[frozenset[str]] = frozenset({"query_instruction"})
+
+    @dataclass(frozen=True)
+    class Options(StrategyOptions):
+        query_instruction: str | None = option(QUERY_INSTRUCTION_HELP)
+
+    options: Options
 
     def __init__(
         self,
         runtime: ModelRuntime,
+        options: Options | None = None,
         *,
-        query_instruction: str | None = None,
         query_template: str | None = None,
         **common: Any,
     ):
-        self.query_instruction = query_instruction or DEFAULT_INSTRUCTION
-        template = (query_template or ECHO_QUERY_TEMPLATE).replace(INSTRUCTION_SLOT, self.query_instruction)
-        super().__init__(runtime, query_template=template, **common)
+        given = options or self.Options()
+        options = dataclasses.replace(given, query_instruction=given.query_instruction or DEFAULT_INSTRUCTION)
+        template = (query_template or ECHO_QUERY_TEMPLATE).replace(
+            INSTRUCTION_SLOT, options.query_instruction
+        )
+        super().__init__(runtime, options, query_template=template, **common)
         self.token_templates = {
             role: tokenize_template(runtime.tokenizer, self.template_for(role)) for role in ROLES
         }
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {**super().params, "query_instruction": self.query_instruction}
 
     def prepare(
         self, texts: Sequence[str], role: Role, sentences: Sequence[Sequence[Span]] | None

@@ -7,15 +7,18 @@ in one forward pass. The vector is ½·(last token + mean over tokens) of the fi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import PreparedText, Strategy
 from ragidx.indexer.strategies.kv_rerouting import reroute
 from ragidx.indexer.strategies.layer_calibration import load_calibration
-from ragidx.indexer.strategies.layers import parse_layers, relative_layers
+from ragidx.indexer.strategies.layers import LAYERS_HELP, parse_layers, relative_layers
+from ragidx.indexer.strategies.options import StrategyOptions, option
 from ragidx.indexer.strategies.paper_models import (
     LLAMA31_8B,
     MISTRAL_7B_V01,
@@ -62,30 +65,26 @@ class KVEmbedding(Strategy):
     paper = "Tang & Yang 2025, KV-Embedding: training-free text embedding via internal KV re-routing"
     default_document_template = KV_DOCUMENT_TEMPLATE
     default_query_template = KV_QUERY_TEMPLATE
-    options: ClassVar[frozenset[str]] = frozenset({"layers", "kv_bias"})
     # Re-routing amplifies rounding: bf16 moved a SmolLM2 vector to cosine 0.9977 of float32.
     bfloat16_ok = False
 
-    def __init__(
-        self,
-        runtime: ModelRuntime,
-        *,
-        layers: str | Sequence[int] | None = None,
-        kv_bias: float = DEFAULT_BIAS,
-        **common: Any,
-    ):
-        super().__init__(runtime, **common)
-        if math.isnan(kv_bias) or kv_bias == math.inf:
-            raise RagidxError(f"--kv-bias must be a number or -inf (no re-routing), got {kv_bias}")
-        self.kv_bias = float(kv_bias)
-        if layers is None:
-            self.layers, self.layer_source = default_layer_set(runtime)
-        else:
-            self.layers, self.layer_source = parse_layers(layers, runtime.arch.num_layers), "--layers"
+    @dataclass(frozen=True)
+    class Options(StrategyOptions):
+        layers: str | Sequence[int] | None = option(LAYERS_HELP)
+        kv_bias: float = option("Logit bias of the re-routed prefix; -inf: no re-routing.", DEFAULT_BIAS)
 
-    @property
-    def params(self) -> dict[str, Any]:
-        return {**super().params, "layers": self.layers, "kv_bias": self.kv_bias}
+    options: Options
+
+    def __init__(self, runtime: ModelRuntime, options: Options | None = None, **common: Any):
+        options = options or self.Options()
+        super().__init__(runtime, options, **common)
+        if math.isnan(options.kv_bias) or options.kv_bias == math.inf:
+            raise RagidxError(f"--kv-bias must be a number or -inf (no re-routing), got {options.kv_bias}")
+        if options.layers is None:
+            layers, self.layer_source = default_layer_set(runtime)
+        else:
+            layers, self.layer_source = parse_layers(options.layers, runtime.arch.num_layers), "--layers"
+        self.options = dataclasses.replace(options, layers=layers)
 
     @property
     def notes(self) -> dict[str, Any]:
@@ -93,6 +92,6 @@ class KVEmbedding(Strategy):
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
 
-        with reroute(self.runtime, self.layers, self.kv_bias, batch.last_positions):
+        with reroute(self.runtime, self.options.layers, self.options.kv_bias, batch.last_positions):
             states = self.runtime.forward(batch)
         return 0.5 * (last_real_token(states, batch) + masked_mean(states, batch.attention_mask))

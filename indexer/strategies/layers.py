@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from ragidx.indexer.errors import RagidxError
 
+LAYERS_HELP = "Layer set, 0-based, e.g. 20-27 or 26,27,29."
+
 
 def parse_layers(spec: str | Sequence[int], num_layers: int, option: str = "--layers") -> list[int]:
     """``"20-27"``, ``"26,27,29"`` or ``"1-3,7"`` (0-based, inclusive) to a sorted list of valid layers."""

@@ -6,10 +6,12 @@ state (after the final norm) at the last token, the quote that opens the one-wor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.baselines import LastTokenPooling
+from ragidx.indexer.strategies.options import StrategyOptions, option
 
 if TYPE_CHECKING:
     from ragidx.indexer.runtime import ModelRuntime
@@ -44,30 +46,37 @@ class PromptEOL(LastTokenPooling):
     default_document_template = PROMPTEOL_TEMPLATE
     default_query_template = PROMPTEOL_TEMPLATE
     preprocess_text = True
-    options: ClassVar[frozenset[str]] = frozenset({"icl_demo"})
+
+    @dataclass(frozen=True)
+    class Options(StrategyOptions):
+        icl_demo: str | None = option('One demonstration, "SENTENCE=>WORD".')
+
+    options: Options
 
     def __init__(
         self,
         runtime: ModelRuntime,
+        options: Options | None = None,
         *,
-        icl_demo: str | None = None,
         document_template: str | None = None,
         query_template: str | None = None,
         **common: Any,
     ):
-        """``icl_demo`` prefixes one worked example (paper §3.2) to both templates, directly before them."""
-        self.icl_demo = icl_demo
-        prefix = demonstration(icl_demo) if icl_demo else ""
+        """``icl_demo`` prefixes one worked example (paper §3.2) to both templates, directly before
+        them; a template that already starts with it (an index's stored one) keeps a single copy."""
+        options = options or self.Options()
+        prefix = demonstration(options.icl_demo) if options.icl_demo else ""
+
+        def prefixed(template: str) -> str:
+            return template if template.startswith(prefix) else prefix + template
+
         super().__init__(
             runtime,
-            document_template=prefix + (document_template or self.default_document_template),
-            query_template=prefix + (query_template or self.default_query_template),
+            options,
+            document_template=prefixed(document_template or self.default_document_template),
+            query_template=prefixed(query_template or self.default_query_template),
             **common,
         )
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {**super().params, "icl_demo": self.icl_demo}
 
 
 class PretendedCoT(LastTokenPooling):

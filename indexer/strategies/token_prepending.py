@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
@@ -28,6 +29,7 @@ from ragidx.indexer.strategies.base import (
     preprocess_for_prompt,
 )
 from ragidx.indexer.strategies.layers import parse_window, resolve_layer
+from ragidx.indexer.strategies.options import StrategyOptions, option
 from ragidx.indexer.strategies.placeholders import install_placeholders
 from ragidx.indexer.strategies.pooling import last_real_token, mean_of_positions
 from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
@@ -43,8 +45,7 @@ if TYPE_CHECKING:
 RETRIEVAL_QUERY_TEMPLATE = "Retrieve relevant document. Text:{text}"
 PAPER_REWIRE_STOP = {32: 7}  # the HTP code's window for 32-layer models (Mistral-7B)
 REWIRE_DEPTH = 0.22
-POOLS = ("mean", "last")
-SINKS = ("auto", "bos", "eos", "none")
+Sink = Literal["auto", "bos", "eos", "none"]
 
 
 def default_window(num_layers: int) -> tuple[tuple[int, int], str]:
@@ -55,15 +56,13 @@ def default_window(num_layers: int) -> tuple[tuple[int, int], str]:
     return (min(1, stop), stop), f"1 to max(2, round({REWIRE_DEPTH}·L))"
 
 
-def resolve_sink(tokenizer: Any, sink: str) -> str:
+def resolve_sink(tokenizer: Any, sink: Sink) -> Sink:
     """Which special token goes first when the tokenizer adds none itself.
 
     Position 0 is the attention sink; a placeholder there has its state overwritten in every
     rewired layer, which wrecks every later token (methods.md §6). ``auto`` is the declared BOS,
     else EOS; ``none`` where the tokenizer already starts every input with its own token.
     """
-    if sink not in SINKS:
-        raise RagidxError(f"unknown --sink '{sink}': choose one of {', '.join(SINKS)}")
     if tokenize_template(tokenizer, TEXT_SLOT).lead:
         return "none"
     if sink == "auto":
@@ -117,55 +116,44 @@ class Rewiring:
 class TokenPrepending(Strategy):
     """Shared machinery: placeholders, the rewiring window, the exit layer and the readout."""
 
-    options: ClassVar[frozenset[str]] = frozenset({"rewire", "exit_layer", "placeholder_init", "sink"})
-
-    def __init__(
-        self,
-        runtime: ModelRuntime,
-        *,
-        rewire: str | Sequence[int] | None = None,
-        exit_layer: int | None = None,
-        placeholder_init: str = "mean",
-        sink: str = "auto",
-        **common: Any,
-    ):
-        super().__init__(runtime, **common)
-        num_layers = runtime.arch.num_layers
-        if rewire is None:
-            self.window, self.window_source = default_window(num_layers)
-        else:
-            self.window, self.window_source = parse_window(rewire, num_layers), "--rewire"
-        self.exit_layer = resolve_layer(
-            num_layers - 2 if exit_layer is None else exit_layer, num_layers, "--exit-layer"
+    @dataclass(frozen=True)
+    class Options(StrategyOptions):
+        rewire: str | Sequence[int] | None = option(
+            "Rewire before layers START..STOP-1, e.g. 1-7 (1-1: none)."
         )
-        self.placeholder_init = placeholder_init
-        self.placeholders = install_placeholders(runtime, placeholder_init)
-        self.sink = resolve_sink(runtime.tokenizer, sink)
+        exit_layer: int = option("Layer whose output is read; negative counts from the end.", -2)
+        placeholder_init: Literal["mean", "randn"] = option("Embedding rows of <PST>/<B-PST>.", "mean")
+        sink: Sink = option("Token put first when the tokenizer adds none; auto: its BOS, else EOS.", "auto")
+
+    options: Options
+
+    def __init__(self, runtime: ModelRuntime, options: Options | None = None, **common: Any):
+        options = options or self.Options()
+        super().__init__(runtime, options, **common)
+        num_layers = runtime.arch.num_layers
+        if options.rewire is None:
+            window, self.window_source = default_window(num_layers)
+        else:
+            window, self.window_source = parse_window(options.rewire, num_layers), "--rewire"
+        exit_layer = resolve_layer(options.exit_layer, num_layers, "--exit-layer")
+        self.placeholders = install_placeholders(runtime, options.placeholder_init)
+        sink = resolve_sink(runtime.tokenizer, options.sink)
+        self.options = dataclasses.replace(options, rewire=list(window), exit_layer=exit_layer, sink=sink)
         self.parts = {role: self._template(role) for role in ROLES}
 
     def _template(self, role: Role) -> TokenTemplate:
         """The role's template as ids, led by the sink token when the tokenizer puts none first."""
         parts = tokenize_template(self.runtime.tokenizer, self.template_for(role))
-        if parts.lead or self.sink == "none":
+        if parts.lead or self.options.sink == "none":
             return parts
         tokenizer = self.runtime.tokenizer
-        sink_id = tokenizer.convert_tokens_to_ids(getattr(tokenizer, f"{self.sink}_token"))
+        sink_id = tokenizer.convert_tokens_to_ids(getattr(tokenizer, f"{self.options.sink}_token"))
         return dataclasses.replace(parts, lead=[sink_id])
 
     @classmethod
     def upgrade_params(cls, stored: dict[str, Any]) -> dict[str, Any]:
         """Indexes written before ``sink`` existed put no sink token first."""
         return {"sink": "none", **stored}
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            **super().params,
-            "rewire": list(self.window),
-            "exit_layer": self.exit_layer,
-            "placeholder_init": self.placeholder_init,
-            "sink": self.sink,
-        }
 
     @property
     def notes(self) -> dict[str, Any]:
@@ -177,7 +165,7 @@ class TokenPrepending(Strategy):
         )
         return {
             "rewire_source": self.window_source,
-            "exit_layer": self.exit_layer,
+            "exit_layer": self.options.exit_layer,
             "placeholder_ids": [placeholders.summary_id, placeholders.broadcast_id],
             "embedding_rows": rows,
         }
@@ -211,7 +199,7 @@ class TokenPrepending(Strategy):
         prepended: list[PrependedText] = list(rows)  # type: ignore[arg-type]
         self.placeholders.apply(self.runtime.model)
         rewiring = Rewiring(prepended, batch.input_ids.device)
-        start, stop = self.window
+        start, stop = self.options.rewire
         layers = self.runtime.arch.layers
         with contextlib.ExitStack() as stack:
             for layer in range(start, min(stop, max(exits) + 1)):
@@ -226,7 +214,7 @@ class TokenPrepending(Strategy):
         return [reading[0] for reading in readings]
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
-        return self.layer_readings(batch, rows, [self.exit_layer])[0]
+        return self.layer_readings(batch, rows, [self.options.exit_layer])[0]
 
 
 class HierarchicalTokenPrepending(TokenPrepending):
@@ -236,24 +224,20 @@ class HierarchicalTokenPrepending(TokenPrepending):
     default_query_template = RETRIEVAL_QUERY_TEMPLATE
     default_max_length = 8192
     default_chunk_tokens = 1024
-    options = TokenPrepending.options | {"block_sentences"}
 
-    def __init__(self, runtime: ModelRuntime, *, block_sentences: int = 1, **rest: Any):
-        if block_sentences < 1:
-            raise RagidxError(f"--block-sentences must be at least 1, got {block_sentences}")
-        self.block_sentences = int(block_sentences)
-        super().__init__(runtime, **rest)
-        self._splitter: Chunker | None = None
+    @dataclass(frozen=True)
+    class Options(TokenPrepending.Options):
+        block_sentences: int = option("Sentences per block.", 1, minimum=1)
 
-    @property
-    def params(self) -> dict[str, Any]:
-        return {**super().params, "block_sentences": self.block_sentences}
+    options: Options
+
+    @functools.cached_property
+    def splitter(self) -> Chunker:
+        return Chunker(self.runtime.tokenizer, self.max_length, overlap_sentences=0)
 
     def sentences(self, text: str) -> list[Span]:
         """Sentence spans for a text that comes without them (queries, ``ragidx embed``)."""
-        if self._splitter is None:
-            self._splitter = Chunker(self.runtime.tokenizer, self.max_length, overlap_sentences=0)
-        return self._splitter.sentences(text)
+        return self.splitter.sentences(text)
 
     def prepare(
         self, texts: Sequence[str], role: Role, sentences: Sequence[Sequence[Span]] | None
@@ -277,7 +261,7 @@ class HierarchicalTokenPrepending(TokenPrepending):
         budget = self.max_length - parts.overhead
         if budget < 3:
             raise RagidxError(f"--max-length {self.max_length} leaves no room for text in the template")
-        size = self.block_sentences
+        size = self.options.block_sentences
         groups = [spans[i : i + size] for i in range(0, len(spans), size)]
         blocks: list[list[int]] = []
         used = 0
@@ -305,33 +289,33 @@ class GlobalTokenPrepending(TokenPrepending):
     description = "one <PST> before the text, rewired from the last token in early layers; baseline of htp"
     paper = "Token Prepending (TP), Fu et al. 2024"
     default_query_template = RETRIEVAL_QUERY_TEMPLATE
-    options = TokenPrepending.options | {"pool"}
+
+    @dataclass(frozen=True)
+    class Options(TokenPrepending.Options):
+        pool: Literal["mean", "last"] = option("Readout pooling.", "mean")
+
+    options: Options
 
     def __init__(
         self,
         runtime: ModelRuntime,
+        options: Options | None = None,
         *,
-        pool: str = "mean",
         document_template: str | None = None,
         query_template: str | None = None,
-        **rest: Any,
+        **common: Any,
     ):
-        if pool not in POOLS:
-            raise RagidxError(f"unknown --pool '{pool}': choose {' or '.join(POOLS)}")
-        self.pooling = pool
+        options = options or self.Options()
         # Last-token TP is the TP paper's PromptEOL setting; mean pooling uses HTP's templates.
-        self.preprocess_text = pool == "last"
-        default = PROMPTEOL_TEMPLATE if pool == "last" else None
+        self.preprocess_text = options.pool == "last"
+        default = PROMPTEOL_TEMPLATE if options.pool == "last" else None
         super().__init__(
             runtime,
+            options,
             document_template=document_template or default,
             query_template=query_template or default,
-            **rest,
+            **common,
         )
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {**super().params, "pool": self.pooling}
 
     def prepare(
         self, texts: Sequence[str], role: Role, sentences: Sequence[Sequence[Span]] | None
@@ -344,7 +328,7 @@ class GlobalTokenPrepending(TokenPrepending):
             texts = [preprocess_for_prompt(text) for text in texts]
         prepared: list[PreparedText] = []
         for ids in self.plain_ids(texts):
-            if not ids and self.pooling == "mean":
+            if not ids and self.options.pool == "mean":
                 raise RagidxError(f"strategy '{self.name}' with --pool mean cannot embed an empty text")
             if len(ids) > budget:
                 self.truncated += 1
@@ -353,4 +337,8 @@ class GlobalTokenPrepending(TokenPrepending):
         return prepared
 
     def pool(self, states: torch.Tensor, batch: Batch, rows: Sequence[PrependedText]) -> torch.Tensor:
-        return last_real_token(states, batch) if self.pooling == "last" else super().pool(states, batch, rows)
+        return (
+            last_real_token(states, batch)
+            if self.options.pool == "last"
+            else super().pool(states, batch, rows)
+        )

@@ -9,13 +9,15 @@ layer set S, and the forward pass stops after max(S).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import TEXT_SLOT, PreparedText, Strategy, render
-from ragidx.indexer.strategies.layers import parse_layers, relative_layers
+from ragidx.indexer.strategies.layers import LAYERS_HELP, parse_layers, relative_layers
+from ragidx.indexer.strategies.options import QUERY_INSTRUCTION_HELP, StrategyOptions, option
 from ragidx.indexer.strategies.paper_models import LLAMA2_7B, QWEN3_8B, LayerTable, paper_layers
 from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
 from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 
 FUTUREEOL_TEMPLATE = "Forecasting the subsequent tokens {text} in one word:"
 PROMPTS = {"futureeol": FUTUREEOL_TEMPLATE, "prompteol": PROMPTEOL_TEMPLATE, "none": TEXT_SLOT}
+Prompt = Literal["futureeol", "prompteol", "none"]
+PROMPT_HELP = "Prompt around the text."
 
 # The paper's layer sets, recognised from the config so that renamed copies still match.
 PAPER_LAYER_SETS: LayerTable = (
@@ -39,7 +43,6 @@ RELATIVE_DEPTH = (0.65, 0.85)
 # train (500 abstracts, 200 claims) and STS-B train, 0.65-1.00 beat 0.65-0.85 on both real models
 # (SmolLM2 nDCG@10 0.680 vs 0.563, Gemma 3 270M 0.520 vs 0.496); wva and va did not gain from it.
 ALIGNED_RELATIVE_DEPTH = (0.65, 1.0)
-ATTENTION_NORM_SIDES = ("after", "before")
 
 
 def default_layer_set(config: Any, depth: tuple[float, float] = RELATIVE_DEPTH) -> tuple[list[int], str]:
@@ -54,58 +57,47 @@ def default_layer_set(config: Any, depth: tuple[float, float] = RELATIVE_DEPTH) 
 class ValueAggregation(Strategy):
     """Shared machinery: prompt choice, layer set, one reading per layer, mean over layers."""
 
-    options: ClassVar[frozenset[str]] = frozenset(
-        {"prompt", "layers", "query_instruction", "normalize_layers"}
-    )
-    default_prompt: ClassVar[str]
+    @dataclass(frozen=True)
+    class Options(StrategyOptions):
+        prompt: Prompt = option(PROMPT_HELP, "futureeol")
+        layers: str | Sequence[int] | None = option(LAYERS_HELP)
+        query_instruction: str | None = option(QUERY_INSTRUCTION_HELP)
+        normalize_layers: bool = option("L2-normalise each layer before averaging.", False)
+
+    options: Options
     reads_module_input: ClassVar[bool] = False
     relative_depth: ClassVar[tuple[float, float]] = RELATIVE_DEPTH
 
     def __init__(
         self,
         runtime: ModelRuntime,
+        options: Options | None = None,
         *,
-        prompt: str | None = None,
-        layers: str | Sequence[int] | None = None,
-        query_instruction: str | None = None,
-        normalize_layers: bool = False,
         document_template: str | None = None,
         query_template: str | None = None,
         **common: Any,
     ):
-        self.prompt = prompt or self.default_prompt
-        if self.prompt not in PROMPTS:
-            raise RagidxError(f"unknown prompt '{self.prompt}': choose one of {', '.join(PROMPTS)}")
-        self.preprocess_text = self.prompt != "none"
-        template = PROMPTS[self.prompt]
-        self.query_instruction = query_instruction
-        if query_instruction and not query_template:
-            query_template = render(template, f"{query_instruction} {TEXT_SLOT}")
+        options = options or self.Options()
+        self.preprocess_text = options.prompt != "none"
+        template = PROMPTS[options.prompt]
+        if options.query_instruction and not query_template:
+            query_template = render(template, f"{options.query_instruction} {TEXT_SLOT}")
         super().__init__(
             runtime,
+            options,
             document_template=document_template or template,
             query_template=query_template or template,
             **common,
         )
-        if layers is None:
-            self.layers, self.layer_source = default_layer_set(runtime.model.config, self.relative_depth)
+        if options.layers is None:
+            layers, self.layer_source = default_layer_set(runtime.model.config, self.relative_depth)
         else:
-            self.layers, self.layer_source = parse_layers(layers, runtime.arch.num_layers), "--layers"
-        self.normalize_layers = normalize_layers
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            **super().params,
-            "prompt": self.prompt,
-            "layers": self.layers,
-            "query_instruction": self.query_instruction,
-            "normalize_layers": self.normalize_layers,
-        }
+            layers, self.layer_source = parse_layers(options.layers, runtime.arch.num_layers), "--layers"
+        self.options = dataclasses.replace(options, layers=layers)
 
     @property
     def notes(self) -> dict[str, Any]:
-        return {"layer_source": self.layer_source, "exit_layer": max(self.layers)}
+        return {"layer_source": self.layer_source, "exit_layer": max(self.options.layers)}
 
     @abstractmethod
     def module(self, layer: int) -> nn.Module:
@@ -135,8 +127,8 @@ class ValueAggregation(Strategy):
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         import torch
 
-        per_layer = self.layer_readings(batch, self.layers)
-        if self.normalize_layers:
+        per_layer = self.layer_readings(batch, self.options.layers)
+        if self.options.normalize_layers:
             per_layer = torch.nn.functional.normalize(per_layer, dim=-1)
         return per_layer.mean(dim=0)
 
@@ -145,7 +137,10 @@ class ValueVectors(ValueAggregation):
     name = "va"
     description = "mean of every token's attention values (v_proj) over a layer set; prompt-free"
     paper = "Value Aggregation (VA), Value Aggregation / AlignedWVA paper"
-    default_prompt = "none"
+
+    @dataclass(frozen=True)
+    class Options(ValueAggregation.Options):
+        prompt: Prompt = option(PROMPT_HELP, "none")
 
     @property
     def dimension(self) -> int:
@@ -162,7 +157,6 @@ class WeightedValues(ValueAggregation):
     name = "wva"
     description = "last token's attention-weighted values (o_proj input) over a layer set, FutureEOL prompt"
     paper = "Weighted Value Aggregation (WVA), Value Aggregation / AlignedWVA paper"
-    default_prompt = "futureeol"
     reads_module_input = True
 
     @property
@@ -185,17 +179,17 @@ class AlignedWeightedValues(ValueAggregation):
     name = "aligned-wva"
     description = "last token's attention output (after o_proj) over a layer set, FutureEOL; short texts"
     paper = "AlignedWVA, Value Aggregation / AlignedWVA paper"
-    default_prompt = "futureeol"
     relative_depth = ALIGNED_RELATIVE_DEPTH
-    options = ValueAggregation.options | {"attention_norm"}
 
-    def __init__(self, runtime: ModelRuntime, *, attention_norm: str = "after", **rest: Any):
-        if attention_norm not in ATTENTION_NORM_SIDES:
-            raise RagidxError(
-                f"unknown --attention-norm '{attention_norm}': choose {' or '.join(ATTENTION_NORM_SIDES)}"
-            )
-        self.attention_norm = attention_norm
-        super().__init__(runtime, **rest)
+    @dataclass(frozen=True)
+    class Options(ValueAggregation.Options):
+        attention_norm: Literal["after", "before"] = option(
+            "Gemma: read the attention output after its post-attention norm (what the residual stream "
+            "receives) or before it.",
+            "after",
+        )
+
+    options: Options
 
     @classmethod
     def upgrade_params(cls, stored: dict[str, Any]) -> dict[str, Any]:
@@ -203,20 +197,16 @@ class AlignedWeightedValues(ValueAggregation):
         return {"attention_norm": "before", **stored}
 
     @property
-    def params(self) -> dict[str, Any]:
-        return {**super().params, "attention_norm": self.attention_norm}
-
-    @property
     def notes(self) -> dict[str, Any]:
         if self.runtime.arch.attention_output_norm(0) is None:
             return super().notes
-        side = "after" if self.attention_norm == "after" else "before"
+        side = self.options.attention_norm
         return {**super().notes, "readout": f"self_attn output {side} post_attention_layernorm"}
 
     def module(self, layer: int) -> nn.Module:
         norm = self.runtime.arch.attention_output_norm(layer)
         return (
             norm
-            if norm is not None and self.attention_norm == "after"
+            if norm is not None and self.options.attention_norm == "after"
             else self.runtime.arch.attention(layer)
         )
