@@ -42,6 +42,13 @@ def test_imports_run_one_way_from_cli_to_app_to_indexer(modules):
     assert not wrong
 
 
+def test_the_cli_reaches_the_engine_only_through_the_app(modules):
+    """The commands parse, call ragidx.app (Index, Embedder, catalog, research) and print; of the
+    engine they read only the wording helpers they print with."""
+    cli = next(module for module in modules if module.name == "cli")
+    assert {target for target in cli.top | cli.local if layer(target) == "indexer"} == {"indexer.wording"}
+
+
 def test_only_optional_entry_points_import_ragidx_modules_inside_functions(modules):
     wrong = {m.name: m.local for m in modules if m.local - LOCAL_OWN_IMPORTS.get(m.name, set())}
     assert not wrong
