@@ -281,6 +281,21 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Tune the hybrid weights on pseudo-queries from the corpus (new index, or >10% change).",
         ),
+        click.option(
+            "--ray",
+            is_flag=False,
+            flag_value="local",
+            default=None,
+            metavar="[ADDRESS]",
+            help="Embed on Ray workers, each loading the model once: alone, a cluster on this machine; "
+            "with ADDRESS (auto, ray://host:10001), that cluster (needs the ray extra).",
+        ),
+        click.option(
+            "--ray-workers",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Ray workers (default: one per CPU of the cluster; --device cuda: one GPU each).",
+        ),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)

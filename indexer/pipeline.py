@@ -5,14 +5,14 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ragidx import __version__
 from ragidx.indexer.changes import ChangePlan, plan_changes
+from ragidx.indexer.distributed import WorkerSpec, connect, embed_documents_on_ray
+from ragidx.indexer.embedding import Embedded, embed_records
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.maintenance import reembed
 from ragidx.indexer.models import check_same_file, resolve_model
@@ -84,6 +84,7 @@ class BuildReport:
             "truncated_chunks": self.truncated_chunks,
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
             "seconds": round(self.seconds, 3),
+            "embed_seconds": round(self.embed_seconds, 3),
             "vectors_per_second": round(self.vectors_per_second, 2),
         }
 
@@ -122,6 +123,8 @@ def build(
                 else None
             )
             return _report(options, writer, plan, scanned.skipped, started, stored, committed)
+        if options.ray:  # an unreachable cluster is refused before the model loads
+            connect(options.ray, options.ray_workers, options.device)
         source = resolve_model(resolution.model)
         if stored and source.model_id == stored.model:
             check_same_file(source, stored.model_file)  # before a changed GGUF is converted
@@ -162,7 +165,24 @@ def build(
             restored = writer.chunk_ids() if lost else []  # the chunks that survive the removals
             if lost:
                 pending.restore(restored, reembed(writer, strategy, restored))
-            embedded = _embed_documents(plan.to_embed, chunker, strategy, pending, options.progress)
+            if options.ray:
+                spec = WorkerSpec(
+                    source,
+                    options.device,
+                    settings.dtype,
+                    options.trust_remote_code,
+                    name,
+                    strategy.params,
+                    strategy.batch,
+                    chunker.chunk_tokens,
+                    chunker.overlap_sentences,
+                    chunker.spacy_model,
+                )
+                embedded = embed_documents_on_ray(
+                    plan.to_embed, spec, options.ray, options.ray_workers, pending, options.progress
+                )
+            else:
+                embedded = _embed_documents(plan.to_embed, chunker, strategy, pending, options.progress)
             embedded.restored = len(restored)
             meta = {**settings.to_meta(), "ragidx_version": __version__}
             committed = pending.commit(meta, vector_index=vector_index, fresh_vectors=lost)
@@ -235,19 +255,6 @@ def _report(
     )
 
 
-@dataclass
-class Embedded:
-    """What the embedding pass did."""
-
-    documents: int = 0
-    chunks: int = 0
-    tokens: int = 0
-    truncated: int = 0
-    seconds: float = 0.0
-    skipped: list[SkippedFile] = field(default_factory=list)
-    restored: int = 0  # chunks already indexed whose lost vectors were re-embedded
-
-
 def _embed_documents(
     documents: Sequence[SourceDocument], chunker: Any, strategy: Any, pending: NextGeneration, progress: bool
 ) -> Embedded:
@@ -268,7 +275,7 @@ def _embed_documents(
             bar.set_postfix(tok_s=f"{fed / max(time.perf_counter() - started, 1e-9):.0f}")
 
         def flush() -> None:
-            pending.add(group, _embed(group, strategy, advance))
+            pending.add(group, embed_records(strategy, group, advance))
             bar.update(len(group))
             group.clear()
 
@@ -280,9 +287,7 @@ def _embed_documents(
                 continue
             record = DocumentRecord(fresh, chunker.chunk(fresh.text), fresh.metadata)
             group.append(record)
-            embedded.documents += 1
-            embedded.chunks += len(record.chunks)
-            embedded.tokens += sum(chunk.token_count for chunk in record.chunks)
+            embedded.count(record)
             if sum(len(r.chunks) for r in group) >= EMBED_SLICE:
                 flush()
         if group:
@@ -290,14 +295,3 @@ def _embed_documents(
     embedded.seconds = time.perf_counter() - started
     embedded.truncated = strategy.truncated
     return embedded
-
-
-def _embed(records: Sequence[DocumentRecord], strategy: Any, advance: Any) -> np.ndarray:
-    """One vector per chunk of ``records``, in order; sentence spans are made chunk-relative."""
-    chunks = [chunk for record in records for chunk in record.chunks]
-    if not chunks:
-        return np.zeros((0, strategy.dimension), dtype=np.float32)
-    sentences = [
-        [(start - chunk.start, end - chunk.start) for start, end in chunk.sentences] for chunk in chunks
-    ]
-    return strategy.encode([chunk.text for chunk in chunks], "document", advance, sentences)

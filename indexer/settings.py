@@ -140,6 +140,8 @@ class BuildOptions:
     trust_remote_code: bool = False
     progress: bool = True
     tune: bool = True
+    ray: str | None = None  # a Ray cluster's address, or "local": embed on its workers
+    ray_workers: int | None = None
 
 
 def split_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -155,6 +157,8 @@ def build_options(index_dir: str | Path | None = None, **options: Any) -> BuildO
     unknown = sorted(set(options) - known)
     if unknown:
         raise RagidxError(f"unknown build option {unknown[0]!r}")
+    if options.get("ray_workers") is not None and not options.get("ray"):
+        raise RagidxError("--ray-workers needs --ray")
     if index_dir is not None:
         options["index_dir"] = Path(index_dir)
     return BuildOptions(strategy_options=strategy_options, **options)

@@ -1,0 +1,45 @@
+"""Vectors for document records' chunks, and the account of an embedding pass: what the local
+build and the Ray workers (:mod:`ragidx.indexer.distributed`) both compute."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ragidx.indexer.sources import SkippedFile
+from ragidx.indexer.store import DocumentRecord
+from ragidx.indexer.strategies import Strategy
+from ragidx.indexer.strategies.base import ProgressCallback
+
+
+@dataclass
+class Embedded:
+    """What the embedding pass did."""
+
+    documents: int = 0
+    chunks: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    seconds: float = 0.0
+    skipped: list[SkippedFile] = field(default_factory=list)
+    restored: int = 0  # chunks already indexed whose lost vectors were re-embedded
+
+    def count(self, record: DocumentRecord) -> None:
+        self.documents += 1
+        self.chunks += len(record.chunks)
+        self.tokens += sum(chunk.token_count for chunk in record.chunks)
+
+
+def embed_records(
+    strategy: Strategy, records: Sequence[DocumentRecord], progress: ProgressCallback | None = None
+) -> np.ndarray:
+    """One vector per chunk of ``records``, in order; sentence spans are made chunk-relative."""
+    chunks = [chunk for record in records for chunk in record.chunks]
+    if not chunks:
+        return np.zeros((0, strategy.dimension), dtype=np.float32)
+    sentences = [
+        [(start - chunk.start, end - chunk.start) for start, end in chunk.sentences] for chunk in chunks
+    ]
+    return strategy.encode([chunk.text for chunk in chunks], "document", progress, sentences)
