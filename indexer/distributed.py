@@ -139,17 +139,17 @@ def embed_documents_on_ray(
     documents: Sequence[SourceDocument],
     spec: WorkerSpec,
     address: str,
-    workers: int | None,
+    workers: int,
     pending: NextGeneration,
     progress: bool,
 ) -> Embedded:
-    """Embed ``documents`` on the cluster's workers and hand each batch of results to ``pending``
-    in the documents' order (so chunk ids come out as a local build's would)."""
+    """Embed ``documents`` on ``workers`` workers of the cluster :func:`connect` joined and hand
+    each batch of results to ``pending`` in the documents' order (so chunk ids come out as a local
+    build's would); a cluster started for this build is stopped after it."""
     import ray
 
-    count = connect(address, workers, spec.device)
     try:
-        return _embed_on_cluster(documents, spec, count, pending, progress)
+        return _embed_on_cluster(documents, spec, workers, pending, progress)
     finally:
         if address == LOCAL:
             ray.shutdown()

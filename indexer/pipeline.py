@@ -123,8 +123,8 @@ def build(
                 else None
             )
             return _report(options, writer, plan, scanned.skipped, started, stored, committed)
-        if options.ray:  # an unreachable cluster is refused before the model loads
-            connect(options.ray, options.ray_workers, options.device)
+        # An unreachable cluster is refused before the model loads.
+        workers = connect(options.ray, options.ray_workers, options.device) if options.ray else 0
         source = resolve_model(resolution.model)
         if stored and source.model_id == stored.model:
             check_same_file(source, stored.model_file)  # before a changed GGUF is converted
@@ -179,7 +179,7 @@ def build(
                     chunker.spacy_model,
                 )
                 embedded = embed_documents_on_ray(
-                    plan.to_embed, spec, options.ray, options.ray_workers, pending, options.progress
+                    plan.to_embed, spec, options.ray, workers, pending, options.progress
                 )
             else:
                 embedded = _embed_documents(plan.to_embed, chunker, strategy, pending, options.progress)
