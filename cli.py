@@ -25,6 +25,7 @@ from ragidx.app.catalog import (
     OPTION_SPECS,
     OptionSpec,
     default_model,
+    describe_store,
     flag_of,
     install_packaged_model,
     packaged_model_rows,
@@ -296,6 +297,22 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             help="Ray workers (default: one per CPU of the cluster; --device cuda: one GPU each).",
         ),
+        click.option(
+            "--store",
+            type=click.Choice(["local", "milvus"]),
+            default=None,
+            help="Where vectors live: local segment files (default) or a Milvus collection "
+            "(needs the milvus extra; the index remembers it).",
+        ),
+        click.option(
+            "--milvus-uri",
+            default=None,
+            metavar="URI",
+            help="Milvus server (http://host:19530) or milvus-lite file (default: milvus.db in the index).",
+        ),
+        click.option(
+            "--milvus-collection", default=None, metavar="NAME", help="Milvus collection (default: ragidx)."
+        ),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
@@ -337,9 +354,14 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         f"index {report.index_dir} (generation {report.generation}): "
         f"{counted(report.total_documents, 'document')}, {counted(report.total_chunks, 'chunk')}"
     )
-    click.echo(f"vectors: {report.vector_index.describe()}")
+    if report.store["kind"] == "milvus":
+        click.echo(f"vectors: {describe_store(report.store, report.vector_index)}")
+    else:
+        click.echo(f"vectors: {report.vector_index.describe()}, {counted(report.segments, 'segment')}")
     if report.vector_index_rebuilt:
         click.echo(f"  rebuilt: {report.vector_index_rebuilt}")
+    if report.segments_merged:
+        click.echo(f"  merged: {report.segments_merged}")
     if report.tuning:
         click.echo(report.tuning.describe())
 

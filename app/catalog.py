@@ -1,5 +1,5 @@
-"""What a user can choose: the packaged models, the strategies and their options, the devices and
-precisions. The CLI's menus and help come from here, and Python users can list the same."""
+"""What a user can choose: the packaged models, the strategies and their options, the devices,
+precisions and vector stores. The CLI's menus and help come from here, and Python users can list the same."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from ragidx.indexer.models import install_packaged_model, packaged_model_rows
 from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
+from ragidx.indexer.settings import describe_store
 from ragidx.indexer.strategies import OPTION_SPECS, REGISTRY
 from ragidx.indexer.strategies.options import OptionSpec, flag_of
 
@@ -17,6 +18,7 @@ __all__ = [
     "OPTION_SPECS",
     "OptionSpec",
     "default_model",
+    "describe_store",
     "flag_of",
     "install_packaged_model",
     "packaged_model_rows",

@@ -227,10 +227,12 @@ class Index:
         return check(Path(directory or default_index_dir()), repair, device)
 
     def info(self) -> dict[str, Any]:
+        meta = {key: value for key, value in self.meta.items() if key != "segmented"}
         return {
             "index": str(self.reader.directory),
-            **self.meta,
+            **meta,
             **self.reader.counts(),
+            "segments": self.reader.segment_rows(),
             "bytes_on_disk": self.reader.bytes_on_disk(),
         }
 

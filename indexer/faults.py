@@ -11,6 +11,8 @@ import os
 import signal
 
 KILL_POINTS = ("faiss-write", "faiss-renamed", "sqlite-commit")
+MERGE_KILL_POINTS = ("merge-write", "merge-renamed")  # in the background merge's thread
+MILVUS_KILL_POINTS = ("milvus-upsert", "milvus-delete")  # before the commit, after it
 
 
 def checkpoint(name: str) -> None:

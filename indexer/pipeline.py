@@ -50,6 +50,9 @@ class BuildReport:
     total_chunks: int
     vector_index: VectorIndexSettings
     vector_index_rebuilt: str
+    store: dict[str, Any]  # where the vectors live (meta "store")
+    segments: int  # vector segments after this build (local store)
+    segments_merged: str = ""  # what this build merged (for size or deletions), "" if nothing
     tuning: TuningReport | None = None  # when this build tuned the hybrid weights
     restored: int = 0  # chunks whose lost vectors this build re-embedded from their stored text
     fusion: dict[str, Any] | None = None  # the index's hybrid weights and the figures behind them
@@ -77,6 +80,9 @@ class BuildReport:
             "total_chunks": self.total_chunks,
             "vector_index": self.vector_index.to_meta(),
             "vector_index_rebuilt": self.vector_index_rebuilt,
+            "store": self.store,
+            "segments": self.segments,
+            "segments_merged": self.segments_merged,
             "fusion": self.fusion,
             "tuned": self.tuning is not None,
             "restored": self.restored,
@@ -115,7 +121,7 @@ def build(
         plan = plan_changes(scanned, indexed, paths)
         vector_index = resolution.vector_index
         restructure = resolution.restructures
-        lost = stored is not None and writer.vectors_lost()  # restored from the chunks' stored text
+        lost = writer.lost_segments() if stored else []  # their chunks are re-embedded from stored text
         if stored and not plan.to_embed and not lost and not resolution.changes_settings:
             committed = (
                 writer.remove_documents(plan.stale, vector_index=vector_index)
@@ -157,12 +163,13 @@ def build(
             dimension=strategy.dimension,
             dtype=str(runtime.dtype).removeprefix("torch."),
             vector_index=vector_index,
+            store=resolution.store,
         )
         resolution.refuse_incompatible(settings)
         if stored and not plan.changes_anything and not restructure and not lost:
             return _report(options, writer, plan, scanned.skipped, started, stored, None)
-        with writer.next_generation(plan.stale, replace=not stored) as pending:
-            restored = writer.chunk_ids() if lost else []  # the chunks that survive the removals
+        with writer.next_generation(plan.stale, not stored, vector_index, lost) as pending:
+            restored = pending.chunks_without_vectors() if lost else []  # of those surviving removals
             if lost:
                 pending.restore(restored, reembed(writer, strategy, restored))
             if options.ray:
@@ -185,7 +192,7 @@ def build(
                 embedded = _embed_documents(plan.to_embed, chunker, strategy, pending, options.progress)
             embedded.restored = len(restored)
             meta = {**settings.to_meta(), "ragidx_version": __version__}
-            committed = pending.commit(meta, vector_index=vector_index, fresh_vectors=lost)
+            committed = pending.commit(meta)
         tuning = _tune(options, writer, strategy, fresh=not stored)
         skipped = scanned.skipped + embedded.skipped
         return _report(options, writer, plan, skipped, started, settings, committed, embedded, tuning)
@@ -249,6 +256,9 @@ def _report(
         total_chunks=totals["chunks"],
         vector_index=VectorIndexSettings.from_meta(writer.meta),
         vector_index_rebuilt=committed.rebuilt if committed else "",
+        store=writer.meta.get("store") or settings.store,
+        segments=writer.segment_count(),
+        segments_merged=committed.merged if committed else "",
         tuning=tuning,
         fusion=writer.meta.get("fusion"),
         restored=embedded.restored if embedded else 0,

@@ -122,6 +122,7 @@ class SearchEngine:
         self.embed = embed
         self.device = device
         self._vectors: Any = None
+        self._earlier: Any = None  # the last generation's segments, whose files a new one may share
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -132,7 +133,7 @@ class SearchEngine:
         loaded vectors."""
         generation = self.meta.get("generation")
         if self.reader.reread_meta().get("generation") != generation:
-            self._vectors = None
+            self._earlier, self._vectors = self._vectors or self._earlier, None
 
     def search(
         self, queries: Sequence[str], request: SearchRequest, vectors: np.ndarray | None = None
@@ -155,9 +156,10 @@ class SearchEngine:
             with self.reader.snapshot():
                 self.refresh()
                 if needs_vectors and self._vectors is None:
-                    self._vectors = self.reader.load_vectors()
+                    self._vectors = self.reader.load_vectors(self._earlier)
                     if self._vectors is None:
                         continue  # this generation's file is already gone: a newer snapshot has its own
+                    self._earlier = None  # what the new generation shares with it is kept, the rest freed
                     if resolve_device(self.device) == "cuda":
                         self._vectors.use_gpu()
                 return read()

@@ -1,8 +1,10 @@
 """The index on disk: SQLite rows (sqlite-utils, WAL) plus one FAISS file per generation.
 
-Commit protocol: the new FAISS file is written under a new generation name and fsynced; then one
-SQLite transaction replaces the rows and records the new generation; only then are older
-generation files deleted. A crash at any point leaves the previous generation readable.
+A generation's vectors are segments (:mod:`ragidx.indexer.segments`). Commit protocol: the new
+segment files (the build's vectors, and the merge run while it embedded) are written under the
+new generation's names and fsynced; then one SQLite transaction replaces the rows, the segment
+list and the deletions, and records the new generation; only then are files no longer listed
+deleted. A crash at any point leaves the previous generation readable.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import fcntl
 import functools
 import json
 import os
-import re
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +36,32 @@ from ragidx.indexer.lexical import (
     remove_cjk_rows,
     rewrite_chunk_text,
 )
+from ragidx.indexer.milvus_store import (
+    LOCAL_FILE,
+    MilvusCollection,
+    MilvusLocation,
+    MilvusVectors,
+    id_list,
+    visible,
+)
+from ragidx.indexer.segments import (
+    BackgroundMerge,
+    Segment,
+    SegmentedVectors,
+    SegmentUnreadable,
+    create_segment_tables,
+    file_generation,
+    index_settings,
+    load_segments,
+    new_segment,
+    plan_merge,
+    read_segments,
+    segment_file,
+    segment_files,
+    write_segments,
+)
 from ragidx.indexer.sources import span_pages
-from ragidx.indexer.vector_index import VectorIndex, VectorIndexSettings, update
+from ragidx.indexer.vector_index import VectorIndexSettings
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
@@ -48,7 +74,6 @@ SCHEMA_VERSION = 1
 DB_NAME = "ragidx.db"
 LOCK_NAME = "build.lock"
 DEFAULT_INDEX_DIR = ".ragidx"
-GENERATION_FILE = re.compile(r"vectors-(\d+)\.faiss(?:\.partial)?")
 
 
 def default_index_dir() -> Path:
@@ -69,10 +94,6 @@ def index_exists(directory: str | Path) -> bool:
     return (Path(directory) / DB_NAME).is_file()
 
 
-def vectors_file(directory: Path, generation: int) -> Path:
-    return directory / f"vectors-{generation}.faiss"
-
-
 @dataclass(frozen=True)
 class DocumentRecord:
     """A document and its chunks, ready to be written."""
@@ -80,14 +101,6 @@ class DocumentRecord:
     source: SourceDocument
     chunks: list[Chunk]
     metadata: dict[str, Any]
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _connect(path: Path) -> Database:
@@ -138,7 +151,7 @@ def _create_schema(db: Database) -> None:
         if_not_exists=True,
     )
     db["chunks"].create_index(["document_id"], if_not_exists=True)
-    db["tombstones"].create({"chunk_id": int}, pk="chunk_id", if_not_exists=True)
+    create_segment_tables(db)
     if not db["chunks_fts"].exists():
         db["chunks"].enable_fts(["text"], create_triggers=True, tokenize="porter")
     create_cjk_table(db)
@@ -153,26 +166,11 @@ def _chunk_ids(db: Database) -> np.ndarray:
     return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
 
 
-def _read_tombstones(db: Database) -> np.ndarray:
-    """Deleted chunk ids still in an HNSW graph (see :mod:`ragidx.indexer.vector_index`)."""
-    if not db["tombstones"].exists():
-        return np.zeros(0, dtype=np.int64)
-    rows = db.execute("select chunk_id from tombstones order by chunk_id").fetchall()
-    return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
-
-
-def _read_vectors(directory: Path, db: Database, meta: dict[str, Any]) -> VectorIndex:
-    """The generation's FAISS file with its settings and tombstones; RuntimeError if unreadable."""
-    import faiss
-
-    index = faiss.read_index(str(vectors_file(directory, meta["generation"])))
-    return VectorIndex(index, VectorIndexSettings.from_meta(meta), _read_tombstones(db))
-
-
 def _newer_vector_files(directory: Path, generation: int) -> list[Path]:
     """Vector files (complete or being written) of generations after ``generation``."""
-    found = (GENERATION_FILE.fullmatch(p.name) for p in directory.glob("vectors-*.faiss*"))
-    return [directory / m.group(0) for m in found if m and int(m.group(1)) > generation]
+    return [
+        path for path in directory.glob("vectors-*.faiss*") if (file_generation(path.name) or 0) > generation
+    ]
 
 
 def read_meta(db: Database) -> dict[str, Any]:
@@ -183,17 +181,21 @@ def read_meta(db: Database) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Committed:
-    """A committed generation, its vector index settings, and why the vector index was rebuilt."""
+    """A committed generation, its vector index settings, why every segment was rebuilt, and what
+    was merged."""
 
     generation: int
     vector_index: VectorIndexSettings
     rebuilt: str = ""
+    merged: str = ""  # which segments were merged, when that was for size or deletions
+    segments: int = 0
 
 
 class IndexReader:
     """Read access to a committed index: its settings, its vectors, and its rows."""
 
     def __init__(self, directory: str | Path):
+        self._collection: MilvusCollection | None = None
         self.directory = Path(directory)
         path = self.directory / DB_NAME
         if not path.is_file():
@@ -221,20 +223,40 @@ class IndexReader:
         finally:
             self.db.execute("rollback")
 
-    def load_vectors(self) -> VectorIndex | None:
-        """The vector index of ``meta["generation"]``, or None when a newer build already replaced
-        (and deleted) that file: take a new :meth:`snapshot` and read the new generation."""
-        generation = int(self.meta["generation"])
-        path = vectors_file(self.directory, generation)
+    def load_vectors(
+        self, reuse: SegmentedVectors | MilvusVectors | None = None
+    ) -> SegmentedVectors | MilvusVectors | None:
+        """The segments of ``meta["generation"]`` (those in ``reuse`` not read again), or None when
+        a newer build already merged (and deleted) one of them: take a new :meth:`snapshot` and
+        read the new generation. An index in Milvus gives its collection, searched as committed."""
+        location = MilvusLocation.from_meta(self.meta)
+        if location is not None:
+            settings = VectorIndexSettings.from_meta(self.meta)
+            return MilvusVectors(self._milvus(location), settings, visible(self.meta))
+        reuse = reuse if isinstance(reuse, SegmentedVectors) else None
+        segments = read_segments(self.db, self.meta, self.directory)
         try:
-            return _read_vectors(self.directory, self.db, self.meta)
-        except RuntimeError as error:
-            if path.exists():
-                raise RagidxError(f"vector file {path} is unreadable: {error}".splitlines()[0]) from error
-        if not _newer_vector_files(self.directory, generation):
-            # A file is deleted only after a newer one is committed: this one was lost, not replaced.
-            raise RagidxError(f"vector file {path} is missing: run `ragidx check --repair` to re-embed it")
-        return None
+            return load_segments(self.directory, segments, VectorIndexSettings.from_meta(self.meta), reuse)
+        except SegmentUnreadable as error:
+            # A file is deleted only after a newer one is committed: else it was lost, not replaced.
+            if error.missing and _newer_vector_files(self.directory, int(self.meta["generation"])):
+                return None
+            raise
+
+    def _milvus(self, location: MilvusLocation) -> MilvusCollection:
+        """The index's collection, connected and verified once per reader."""
+        if self._collection is None or self._collection.location != location:
+            collection = MilvusCollection(location)
+            collection.verify(int(self.meta.get("dimension") or 0))
+            self._collection = collection
+        return self._collection
+
+    def segment_rows(self) -> list[dict[str, Any]]:
+        """Each segment's file, structure and vector counts, largest first (for ``info``)."""
+        return [
+            {"file": s.file, "kind": s.kind, "vectors": len(s.ids), "deleted": len(s.deleted)}
+            for s in read_segments(self.db, self.meta, self.directory)
+        ]
 
     def chunk_rows(self, chunk_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """Chunks joined with their documents, keyed by chunk id (ids that no longer exist are absent)."""
@@ -361,6 +383,8 @@ class IndexReader:
 
     def close(self) -> None:
         self.db.close()
+        if self._collection is not None:
+            self._collection.close()
 
 
 class IndexWriter:
@@ -370,6 +394,7 @@ class IndexWriter:
         """``clean_stale=False`` leaves crashed builds' leftovers in place (for ``check`` to report)."""
         self.directory = Path(directory)
         self.meta: dict[str, Any] = {}
+        self._collections: dict[MilvusLocation, MilvusCollection] = {}
         self._created = [p for p in (self.directory, *self.directory.parents) if not p.exists()]
         self.directory.mkdir(parents=True, exist_ok=True)
         self._new_files = [p for p in self._files() if not p.exists()]
@@ -387,6 +412,7 @@ class IndexWriter:
             self.meta = read_meta(self.db)
             if clean_stale and self.meta.get("generation"):
                 self.remove_stale_vector_files()  # leftovers of crashed builds
+            self.settle_milvus()  # check too: owed rows would read as vectors without chunks
         except sqlite3.DatabaseError as error:
             self.close()
             raise RagidxError(
@@ -403,8 +429,12 @@ class IndexWriter:
         """Release the index; a first build that committed nothing leaves no files behind."""
         with contextlib.suppress(Exception):
             self.db.close()
+        for collection in self._collections.values():
+            collection.close()
         if not self.meta.get("generation"):
             for path in self._new_files:
+                if path.is_dir():  # milvus-lite's folder
+                    shutil.rmtree(path, ignore_errors=True)
                 path.unlink(missing_ok=True)
             for folder in self._created:  # innermost first; only the ones this writer made
                 with contextlib.suppress(OSError):
@@ -412,10 +442,12 @@ class IndexWriter:
         self._lock_file.close()
 
     def _files(self) -> list[Path]:
-        """What a writer may create in its folder: the lock and the database with its WAL files."""
+        """What a writer may create in its folder: the lock, the database with its WAL files, and
+        a milvus-lite folder."""
         db = self.directory / DB_NAME
         return [
             self.directory / LOCK_NAME,
+            self.directory / LOCAL_FILE,
             db,
             db.with_name(DB_NAME + "-wal"),
             db.with_name(DB_NAME + "-shm"),
@@ -430,15 +462,25 @@ class IndexWriter:
         return {path: (doc_id, content_hash) for path, doc_id, content_hash in rows}
 
     @contextlib.contextmanager
-    def next_generation(self, removed: Sequence[int] = (), replace: bool = False) -> Iterator[NextGeneration]:
+    def next_generation(
+        self,
+        removed: Sequence[int] = (),
+        replace: bool = False,
+        vector_index: VectorIndexSettings | None = None,
+        dropped_segments: Sequence[str] = (),
+    ) -> Iterator[NextGeneration]:
         """Write the next generation: the documents ``removed`` (ids), or all when ``replace``, are
         dropped, rows are added as they come inside one open SQLite transaction (readers keep
         seeing the committed generation), and :meth:`NextGeneration.commit` writes the vectors and
-        commits. Leaving the block without committing rolls everything back."""
-        pending = NextGeneration(self, removed, replace)
+        commits. Segments are merged in the background meanwhile. ``vector_index``: the index type
+        and parameters asked for (default: the index's own); ``dropped_segments``: files lost or
+        unreadable, left out (the caller restores their chunks). Leaving the block without
+        committing rolls everything back."""
+        pending = NextGeneration(self, removed, replace, vector_index, dropped_segments)
         try:
             yield pending
         finally:
+            pending.abandon()
             if self.db.conn.in_transaction:
                 self.db.rollback()
 
@@ -449,13 +491,13 @@ class IndexWriter:
         meta: dict[str, Any],
         removed: Sequence[int] = (),
         replace: bool = False,
-        **options: Any,
+        vector_index: VectorIndexSettings | None = None,
     ) -> Committed:
         """:meth:`next_generation` in one call: add ``records`` (``vectors`` one row per chunk, in
-        record order), drop ``removed``; ``options`` go to :meth:`NextGeneration.commit`."""
-        with self.next_generation(removed, replace) as pending:
+        record order), drop ``removed``."""
+        with self.next_generation(removed, replace, vector_index) as pending:
             pending.add(records, vectors)
-            return pending.commit(meta, **options)
+            return pending.commit(meta)
 
     def update_meta(self, values: dict[str, Any]) -> None:
         """Commit settings that belong to no generation (the tuned fusion weights) on their own;
@@ -473,39 +515,51 @@ class IndexWriter:
             found.extend(row[0] for row in rows)
         return np.array(found, dtype=np.int64)
 
-    def _write_vectors(self, generation: int, vectors: VectorIndex) -> None:
-        """The next generation's FAISS file, fsynced and renamed into place."""
-        import faiss
+    def milvus(self, location: MilvusLocation) -> MilvusCollection:
+        """A collection, connected once per writer."""
+        if location not in self._collections:
+            self._collections[location] = MilvusCollection(location)
+        return self._collections[location]
 
-        final = vectors_file(self.directory, generation)
-        partial = final.with_suffix(".faiss.partial")
-        faiss.write_index(vectors.index, str(partial))
-        checkpoint("faiss-write")
-        _fsync(partial)
-        os.replace(partial, final)
-        _fsync(self.directory)
-        checkpoint("faiss-renamed")
+    def settle_milvus(self) -> None:
+        """Make the Milvus deletions a committed generation still owes (a build stopped between
+        its commit and them leaves them to the next writer)."""
+        location, owed = MilvusLocation.from_meta(self.meta), self.meta.get("milvus_owed")
+        if location is not None and owed:
+            checkpoint("milvus-delete")
+            self.milvus(location).delete(owed)
+            self.update_meta({"milvus_owed": None})
 
-    def current_vectors(self) -> VectorIndex | None:
+    def segments(self) -> list[Segment]:
+        """The committed generation's segments, largest first."""
+        return read_segments(self.db, self.meta, self.directory)
+
+    def load(self, segments: Sequence[Segment]) -> SegmentedVectors:
+        """Read these segments' files (:class:`SegmentUnreadable` when one cannot be read)."""
+        return load_segments(self.directory, segments, VectorIndexSettings.from_meta(self.meta))
+
+    def record_segment_ids(self, segment: Segment, ids: np.ndarray) -> None:
+        """Record the ids a segment's file holds (a repair of a file changed behind ragidx's back;
+        searches already go by the file's ids)."""
+        gone = np.setdiff1d(segment.deleted, ids)
+        with self.db.atomic():
+            self.db.execute(
+                "update segments set ids = ? where file = ?",
+                [np.sort(ids).astype(np.int64).tobytes(), segment.file],
+            )
+            self.db.conn.executemany(
+                "delete from deletions where segment = ? and chunk_id = ?",
+                ((segment.file, int(i)) for i in gone),
+            )
+
+    def segment_count(self) -> int:
+        return len(segment_files(self.db, self.meta))
+
+    def lost_segments(self) -> list[str]:
+        """Committed segment files that are gone (a cheap test, for every build)."""
         if not self.meta.get("generation"):
-            return None
-        path = vectors_file(self.directory, self.meta["generation"])
-        if not path.exists():
-            raise RagidxError(f"vector file {path} is missing; run `ragidx check --repair` to re-embed it")
-        try:
-            return _read_vectors(self.directory, self.db, self.meta)
-        except RuntimeError as error:
-            raise RagidxError(
-                f"vector file {path} is unreadable ({str(error).splitlines()[0]}); "
-                "run `ragidx check --repair` to re-embed it"
-            ) from error
-
-    def vectors_lost(self) -> bool:
-        """Whether the committed generation's vector file is gone (a cheap test, for every build)."""
-        return (
-            bool(self.meta.get("generation"))
-            and not vectors_file(self.directory, self.meta["generation"]).exists()
-        )
+            return []
+        return [name for name in segment_files(self.db, self.meta) if not (self.directory / name).exists()]
 
     def stored_chunks(self, chunk_ids: Sequence[int]) -> tuple[list[str], list[list[tuple[int, int]]]]:
         """The text of chunks and their sentence spans relative to the chunk: what embedding took."""
@@ -524,20 +578,21 @@ class IndexWriter:
     def chunk_ids(self) -> np.ndarray:
         return _chunk_ids(self.db)
 
-    def remove_documents(self, document_ids: Sequence[int], **options: Any) -> Committed:
-        """Commit a generation without these documents and adding nothing; ``options`` go to
-        :meth:`NextGeneration.commit`."""
+    def remove_documents(
+        self, document_ids: Sequence[int], vector_index: VectorIndexSettings | None = None
+    ) -> Committed:
+        """Commit a generation without these documents and adding nothing."""
         empty = np.zeros((0, int(self.meta.get("dimension") or 0)), dtype=np.float32)
-        return self.commit([], empty, self.meta, document_ids, **options)
+        return self.commit([], empty, self.meta, document_ids, vector_index=vector_index)
 
-    def stale_vector_files(self, keep: int | None = None) -> list[Path]:
-        """Generation files other than ``keep``'s (default: the committed generation's): older
-        generations and leftovers of crashed builds."""
-        current = vectors_file(self.directory, keep if keep is not None else self.meta["generation"]).name
-        return sorted(path for path in self.directory.glob("vectors-*.faiss*") if path.name != current)
+    def stale_vector_files(self) -> list[Path]:
+        """Vector files the committed generation does not list: replaced segments and leftovers
+        of crashed builds."""
+        current = set(segment_files(self.db, self.meta))
+        return sorted(path for path in self.directory.glob("vectors-*.faiss*") if path.name not in current)
 
-    def remove_stale_vector_files(self, keep: int | None = None) -> None:
-        for path in self.stale_vector_files(keep):
+    def remove_stale_vector_files(self) -> None:
+        for path in self.stale_vector_files():
             path.unlink(missing_ok=True)
 
     def faulty_rows(self, rule: str) -> int:
@@ -568,15 +623,30 @@ class IndexWriter:
 class NextGeneration:
     """A generation being written; see :meth:`IndexWriter.next_generation`."""
 
-    def __init__(self, writer: IndexWriter, removed: Sequence[int], replace: bool):
+    def __init__(
+        self,
+        writer: IndexWriter,
+        removed: Sequence[int],
+        replace: bool,
+        vector_index: VectorIndexSettings | None,
+        dropped_segments: Sequence[str],
+    ):
         self.writer = writer
         self.db = writer.db
         self.replace = replace
+        self.generation = int(writer.meta.get("generation", 0)) + 1
+        self.requested = vector_index or VectorIndexSettings.from_meta(writer.meta)
+        self.before = writer.segments()
+        self.kept = [] if replace else [s for s in self.before if s.file not in set(dropped_segments)]
         self.removed_chunks = writer._chunk_ids_of(removed)  # read before their rows go
-        self.next_id = int(writer.meta.get("next_chunk_id", 1))
+        self.next_id = self.first_id = int(writer.meta.get("next_chunk_id", 1))
         self.vectors: list[np.ndarray] = []
         self.ids: list[np.ndarray] = []
         self.now = time.time()
+        plan = plan_merge(self.kept, self.requested, VectorIndexSettings.from_meta(writer.meta))
+        self.merge = (
+            BackgroundMerge(writer.directory, self.generation, plan, self.requested) if plan else None
+        )
         self.db.begin()
         if replace:
             self.db.execute("delete from chunks")
@@ -608,6 +678,11 @@ class NextGeneration:
             self.vectors.append(np.asarray(vectors, dtype=np.float32))
             self.ids.append(np.arange(self.next_id - n_chunks, self.next_id, dtype=np.int64))
 
+    def chunks_without_vectors(self) -> np.ndarray:
+        """Chunks (as the transaction now reads) live in no kept segment: those of dropped ones."""
+        live = [s.live_ids() for s in self.kept]
+        return np.setdiff1d(self.writer.chunk_ids(), np.concatenate(live) if live else np.zeros(0, np.int64))
+
     def restore(self, chunk_ids: np.ndarray, vectors: np.ndarray) -> None:
         """Give chunks already in the index (whose vectors were lost or damaged) new ``vectors``."""
         if len(chunk_ids) != vectors.shape[0]:
@@ -616,49 +691,36 @@ class NextGeneration:
             self.vectors.append(np.asarray(vectors, dtype=np.float32))
             self.ids.append(np.asarray(chunk_ids, dtype=np.int64))
 
-    def commit(
-        self,
-        meta: dict[str, Any],
-        drop_vectors: np.ndarray | None = None,
-        fresh_vectors: bool = False,
-        vector_index: VectorIndexSettings | None = None,
-    ) -> Committed:
-        """Write the vector file (previous vectors minus the removed plus the added), then commit.
+    def commit(self, meta: dict[str, Any], drop_vectors: np.ndarray | None = None) -> Committed:
+        """Write the added vectors (a new segment, or rows of the index's Milvus collection),
+        record the deletions, then commit.
 
-        ``vector_index`` is the index type and parameters asked for (default: the index's own).
-        For repairs: ``drop_vectors`` are ids to remove from the vectors alone, and
-        ``fresh_vectors`` starts from no vectors instead of the current (unreadable) file.
-        Chunk ids are never reused, so a reader holding the previous generation's vectors can
-        never be joined to a different chunk's text.
+        For repairs, ``drop_vectors`` are ids deleted from the vectors alone (a restored chunk's
+        new vector replaces its old one). Chunk ids are never reused, so a reader holding the
+        previous generation's vectors can never be joined to a different chunk's text.
         """
         writer = self.writer
-        generation = int(writer.meta.get("generation", 0)) + 1
         removed = self.removed_chunks
         if drop_vectors is not None:
-            removed = np.concatenate([removed, drop_vectors])
-        current = None if self.replace or fresh_vectors else writer.current_vectors()
-        requested = vector_index or VectorIndexSettings.from_meta(writer.meta)
-        added = (
-            np.concatenate(self.vectors)
-            if self.vectors
-            else np.zeros((0, int(meta.get("dimension") or 0)), np.float32)
-        )
-        ids = np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
+            removed = np.union1d(removed, drop_vectors)
+        added = np.concatenate(self.vectors) if self.vectors else None
+        ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int64)
         self.vectors, self.ids = [], []
-        updated = update(current, requested, added, ids, removed)
+        location = MilvusLocation.from_meta(meta)
+        if location is None:
+            written = self._write_segments(removed, added, ids)
+        else:
+            written = self._write_milvus(meta, location, removed, added, ids)
         del added
-        writer._write_vectors(generation, updated.vectors)
-        self.db.execute("delete from tombstones")
-        self.db.conn.executemany(
-            "insert into tombstones (chunk_id) values (?)", ((int(i),) for i in updated.vectors.tombstones)
-        )
         stamp = datetime.datetime.fromtimestamp(self.now, datetime.timezone.utc).isoformat(timespec="seconds")
         new_meta = {
             **meta,
             "schema_version": SCHEMA_VERSION,
-            "generation": generation,
+            "generation": self.generation,
             "next_chunk_id": self.next_id,
-            "vector_index": updated.vectors.settings.to_meta(),
+            "vector_index": written.settings.to_meta(),
+            "segmented": True,
+            "milvus_owed": written.owed,
             "updated_at": stamp,
         }
         new_meta.setdefault("created_at", writer.meta.get("created_at", stamp))
@@ -667,9 +729,101 @@ class NextGeneration:
         )
         checkpoint("sqlite-commit")
         self.db.commit()
+        self.merge = None  # its file is now the generation's
+        previous = MilvusLocation.from_meta(writer.meta)
         writer.meta = {**writer.meta, **new_meta}  # as the table now reads: keys not written stay
-        writer.remove_stale_vector_files(generation)
-        return Committed(generation, updated.vectors.settings, updated.rebuilt)
+        writer.remove_stale_vector_files()
+        writer.settle_milvus()
+        if previous is not None and previous != location:  # moved by --rebuild: the old one is ours
+            writer.milvus(previous).drop()
+        return Committed(self.generation, written.settings, written.rebuilt, written.merged, written.segments)
+
+    def _write_segments(self, removed: np.ndarray, added: np.ndarray | None, ids: np.ndarray) -> Written:
+        """Swap in the background merge's segment, record deletions, write the added vectors as a
+        new segment."""
+        segments, rebuilt, merged = list(self.kept), "", ""
+        if self.merge is not None:
+            result, plan = self.merge.result(), self.merge.plan
+            sources = {s.file for s in plan.sources}
+            segments = [s for s in segments if s.file not in sources] + ([result] if result else [])
+            rebuilt, merged = plan.reason, "" if plan.reason else plan.describe()
+        segments = [segment.deleting(removed) for segment in segments]
+        if added is not None:
+            file = segment_file(self.generation)
+            segments.append(new_segment(self.writer.directory, file, added, ids, self.requested))
+        segments.sort(key=lambda s: (-s.live, s.file))
+        write_segments(self.db, self.before, segments)
+        return Written(index_settings(segments, self.requested), None, rebuilt, merged, len(segments))
+
+    def _write_milvus(
+        self,
+        meta: dict[str, Any],
+        location: MilvusLocation,
+        removed: np.ndarray,
+        added: np.ndarray | None,
+        ids: np.ndarray,
+    ) -> Written:
+        """Upsert the added vectors with their chunks' path, text and metadata; the deletions are
+        owed until SQLite has committed (see :mod:`ragidx.indexer.milvus_store`)."""
+        writer = self.writer
+        collection = writer.milvus(location)
+        dimension = int(meta.get("dimension") or 0)
+        stored = VectorIndexSettings.from_meta(writer.meta)
+        rebuilt = ""
+        if MilvusLocation.from_meta(writer.meta) != location:
+            collection.create(dimension, str(meta.get("model")), self.requested)
+        else:
+            collection.verify(dimension)
+            if structure(self.requested) != structure(stored):
+                collection.reindex(self.requested)
+                rebuilt = f"Milvus index {stored.requested} -> {self.requested.requested}"
+        collection.delete(f"chunk_id >= {self.first_id}")  # rows a killed build upserted, never committed
+        if added is not None:
+            collection.upsert(ids, added, self._chunk_payloads(ids))
+        write_segments(self.db, self.before, [])  # moved here by --rebuild: the files go after commit
+        if self.replace:
+            owed = f"chunk_id < {self.first_id}" if self.first_id > 1 else None
+        else:
+            gone = np.setdiff1d(removed, ids)  # a restored chunk's upsert replaced its vector
+            owed = id_list(gone) if len(gone) else None
+        settings = replace(self.requested, kind=self.requested.requested, ivf_lists=0, trained_on=0)
+        return Written(settings, owed, rebuilt)
+
+    def _chunk_payloads(self, ids: np.ndarray) -> dict[int, tuple[str, str, str]]:
+        """Each chunk's (path, text, metadata JSON) as this transaction reads them."""
+        found: dict[int, tuple[str, str, str]] = {}
+        for batch in in_batches(ids.tolist()):
+            marks = ",".join("?" for _ in batch)
+            sql = (
+                "select c.id, d.path, c.text, d.metadata from chunks c join documents d "
+                f"on d.id = c.document_id where c.id in ({marks})"
+            )
+            found.update((row[0], row[1:]) for row in self.db.execute(sql, batch))
+        return found
+
+    def abandon(self) -> None:
+        """Stop waiting for a merge this generation will not commit, and delete its file."""
+        if self.merge is not None:
+            self.merge.abandon()
+            self.merge = None
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a commit wrote to its vector store: the settings in use, the Milvus deletions owed
+    until SQLite commits, and for the report why everything was rebuilt, what was merged, and
+    how many segments there are."""
+
+    settings: VectorIndexSettings
+    owed: str | None
+    rebuilt: str = ""
+    merged: str = ""
+    segments: int = 0
+
+
+def structure(settings: VectorIndexSettings) -> tuple[Any, ...]:
+    """What a vector index is built with (query-time parameters left out)."""
+    return (settings.requested, settings.hnsw_m, settings.ef_construction, settings.nlist)
 
 
 # rule: (what is counted, detail, SQL counting the rows at fault, SQL repairing them)

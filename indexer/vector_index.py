@@ -1,10 +1,9 @@
 """The FAISS structure behind a generation: exact (flat), HNSW graph, or inverted lists (IVF).
 
 Each type stores the full float32 vectors, so any index can be rebuilt as any other type
-without re-embedding. Deletions differ by type: flat and IVF remove vectors in place; an HNSW
-graph cannot drop nodes, so deleted ids become *tombstones* (kept in SQLite, excluded at search
-time by an ``IDSelectorNot``) and the graph is rebuilt from the live vectors once tombstones pass
-:data:`HNSW_REBUILD_FRACTION` of it.
+without re-embedding. A structure is written once and never changed (see
+:mod:`ragidx.indexer.segments`): deleted ids become *tombstones*, kept in SQLite and excluded at
+search time by an ``IDSelectorNot``.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ INDEX_TYPES = ("auto", "flat", "hnsw", "ivf")
 # vectors (90-180 MB). 128 MiB keeps it near 10 ms: 37k vectors at 896-d, 87k at 384-d.
 FLAT_SCAN_BYTES = 128 * 2**20
 AUTO_ANN_TYPE = "hnsw"
-HNSW_REBUILD_FRACTION = 0.2  # tombstones / graph size that triggers a rebuild from live vectors
-IVF_RETRAIN_GROWTH = 4.0  # retrain (and resize nlist) when the index grew or shrank this much
 IVF_TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: enough for good lists, fast on 2 cores
 IVF_MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training points per list
 EXACT_FILTER_LIMIT = 4096  # filtered searches over at most this many chunks are done exactly
@@ -102,7 +99,7 @@ def default_nlist(n_vectors: int) -> int:
 
 @dataclass
 class VectorIndex:
-    """A loaded FAISS index with its settings and the ids it must not return (HNSW tombstones)."""
+    """A loaded FAISS index with its settings and the ids it must not return (deleted since written)."""
 
     index: faiss.Index
     settings: VectorIndexSettings
@@ -117,6 +114,8 @@ class VectorIndex:
         """
         import faiss
 
+        if self.gpu is not None:  # a segment kept from an earlier generation
+            return True
         if self.settings.kind != "flat" or not hasattr(faiss, "StandardGpuResources"):
             return False
         if faiss.get_num_gpus() < 1:
@@ -172,7 +171,7 @@ class VectorIndex:
         import faiss
 
         if allowed is not None:
-            selector = faiss.IDSelectorBatch(allowed)  # chunk ids: tombstones are never among them
+            selector = faiss.IDSelectorBatch(allowed)  # live ids only (see SegmentedVectors.search)
         elif len(self.tombstones):
             selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(self.tombstones))
         else:
@@ -228,14 +227,6 @@ def list_ids(lists: faiss.InvertedLists, list_no: int) -> np.ndarray:
     return faiss.rev_swig_ptr(lists.get_ids(list_no), size).copy() if size else np.zeros(0, dtype=np.int64)
 
 
-def live_vectors(vectors: VectorIndex) -> tuple[np.ndarray, np.ndarray]:
-    """Ids (ascending) and vectors of everything but tombstones, to rebuild from."""
-    ids = np.setdiff1d(stored_ids(vectors.index), vectors.tombstones, assume_unique=True)
-    if not len(ids):
-        return ids, np.zeros((0, vectors.index.d), dtype=np.float32)
-    return ids, vectors.index.reconstruct_batch(ids)
-
-
 def create_index(settings: VectorIndexSettings, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
     """A new index of ``settings.kind`` holding ``vectors`` under ``ids`` (IVF trains on them)."""
     import faiss
@@ -264,98 +255,25 @@ def add(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray) -> None:
         index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids.astype(np.int64))
 
 
-def remove(vectors: VectorIndex, ids: np.ndarray) -> None:
-    """Delete ``ids`` in place (flat, IVF) or tombstone them (HNSW)."""
-    import faiss
-
-    present = np.intersect1d(ids, stored_ids(vectors.index))
-    if not len(present):
-        return
-    if vectors.settings.kind == "hnsw":
-        vectors.tombstones = np.union1d(vectors.tombstones, present)
-    elif vectors.settings.kind == "ivf":
-        vectors.index.remove_ids(faiss.IDSelectorArray(present))  # the only selector a hashtable map takes
-    else:
-        vectors.index.remove_ids(faiss.IDSelectorBatch(present))
-
-
-@dataclass
-class Update:
-    """What a commit did to the vector index, for the build's report."""
-
-    vectors: VectorIndex
-    rebuilt: str = ""  # why the structure was built anew from the stored vectors ("" if not)
-
-
-def update(
-    current: VectorIndex | None,
-    requested: VectorIndexSettings,
-    new_vectors: np.ndarray,
-    new_ids: np.ndarray,
-    removed: np.ndarray,
-) -> Update:
-    """The next generation's vector index: ``current`` minus ``removed`` plus the new vectors,
-    restructured when the type, its build parameters, or its size call for it."""
-    if current is None:
-        settings = _sized(requested, len(new_ids), new_vectors.shape[1], None)
-        return Update(VectorIndex(create_index(settings, new_vectors, new_ids), settings, _no_ids()))
-    remove(current, removed)
-    total = current.live_count + len(new_ids)
-    settings = _sized(requested, total, current.index.d, current.settings)
-    reason = _rebuild_reason(current, settings, total)
-    if np.intersect1d(new_ids, current.tombstones).size:  # a repair re-embedding damaged vectors
-        reason = "re-embedded vectors replace deleted ones in the HNSW graph"
-    if not reason:
-        add(current.index, new_vectors, new_ids)
-        current.settings = settings
-        return Update(current)
-    ids, vectors = live_vectors(current)
-    ids = np.concatenate([ids, new_ids.astype(np.int64)])
-    vectors = np.concatenate([vectors, np.asarray(new_vectors, dtype=np.float32)])
-    return Update(VectorIndex(create_index(settings, vectors, ids), settings, _no_ids()), reason)
-
-
-def _sized(
+def sized_settings(
     requested: VectorIndexSettings, total: int, dimension: int, previous: VectorIndexSettings | None
 ) -> VectorIndexSettings:
-    """Resolve ``auto``, and IVF's list count for ``total`` vectors: kept while the index has not
-    grown or shrunk :data:`IVF_RETRAIN_GROWTH`-fold since training, else chosen anew."""
-    kind = requested.resolved_kind(total, dimension)
+    """The settings a structure of ``total`` vectors is built with: ``auto`` resolved (``previous``,
+    the structure it replaces, keeps an ANN type near the limit), IVF lists chosen for ``total``."""
+    kind = replace(requested, kind=previous.kind if previous else "flat").resolved_kind(total, dimension)
     if kind != "ivf":
         return replace(requested, kind=kind, ivf_lists=0, trained_on=0)
-    if (
-        previous is not None
-        and previous.kind == "ivf"
-        and previous.trained_on
-        and not _ivf_outgrown(previous, total)
-        and requested.nlist in (0, previous.ivf_lists)
-    ):
-        return replace(requested, kind=kind, ivf_lists=previous.ivf_lists, trained_on=previous.trained_on)
     lists = min(requested.nlist or default_nlist(total), max(1, total // IVF_MIN_POINTS_PER_LIST))
     return replace(requested, kind=kind, ivf_lists=lists, trained_on=total)
 
 
-def _ivf_outgrown(settings: VectorIndexSettings, total: int) -> bool:
-    trained = max(settings.trained_on, 1)
-    return total > IVF_RETRAIN_GROWTH * trained or total * IVF_RETRAIN_GROWTH < trained
-
-
-def _rebuild_reason(current: VectorIndex, settings: VectorIndexSettings, total: int) -> str:
-    before = current.settings
-    if settings.kind != before.kind:
-        return f"index type {before.kind} -> {settings.kind} at {total} vectors"
-    if settings.kind == "hnsw":
-        if (settings.hnsw_m, settings.ef_construction) != (before.hnsw_m, before.ef_construction):
-            return "new HNSW build parameters"
-        if len(current.tombstones) > HNSW_REBUILD_FRACTION * max(current.ntotal, 1):
-            return f"{len(current.tombstones)} deleted vectors in the HNSW graph"
-    if settings.kind == "ivf" and (
-        (settings.ivf_lists, settings.trained_on) != (before.ivf_lists, before.trained_on)
-        or not current.index.is_trained
-    ):
-        return f"IVF trained with {settings.ivf_lists} lists on {total} vectors"
-    return ""
-
-
-def _no_ids() -> np.ndarray:
-    return np.zeros(0, dtype=np.int64)
+def new_vector_index(
+    requested: VectorIndexSettings,
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    previous: VectorIndexSettings | None = None,
+) -> VectorIndex:
+    """A structure holding ``vectors`` under ``ids``, of the type ``requested`` resolves to at their
+    count (see :func:`sized_settings`)."""
+    settings = sized_settings(requested, len(ids), vectors.shape[1], previous)
+    return VectorIndex(create_index(settings, vectors, ids), settings, np.zeros(0, np.int64))

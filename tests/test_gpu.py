@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragidx.indexer.vector_index import VectorIndexSettings, update
+from ragidx.indexer.vector_index import VectorIndexSettings, new_vector_index
 
 
 def faiss_gpus() -> int:
@@ -23,7 +23,7 @@ def test_exact_search_on_the_gpu_equals_the_cpu():
     vectors = rng.standard_normal((5000, 64)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(7, 5007, dtype=np.int64)
-    cpu = update(None, VectorIndexSettings(requested="flat"), vectors, ids, np.zeros(0)).vectors
+    cpu = new_vector_index(VectorIndexSettings(requested="flat"), vectors, ids)
     queries = vectors[:50]
     expected_scores, expected_ids = cpu.search(queries, 10)
     assert cpu.use_gpu()

@@ -16,7 +16,18 @@ from module_graph import ModuleImports, graph, read_imports
 # with `python -X importtime` on the development machine) or an optional extra that may be absent.
 HEAVY = {"torch", "transformers", "huggingface_hub", "faiss", "spacy", "sentence_transformers", "gguf"}
 SLOW = {"sqlite_utils", "bs4", "tqdm", "snowballstemmer", "unittest", "charset_normalizer", "yaml", "psutil"}
-OPTIONAL_EXTRAS = {"pypdf", "docx", "uvicorn", "fastapi", "mcp", "watchfiles", "matplotlib", "ray"}
+OPTIONAL_EXTRAS = {
+    "pypdf",
+    "docx",
+    "uvicorn",
+    "fastapi",
+    "mcp",
+    "watchfiles",
+    "matplotlib",
+    "ray",
+    "pymilvus",
+    "milvus_lite",
+}
 # cli imports the server and MCP modules only when asked: each needs its optional extra.
 LOCAL_OWN_IMPORTS = {"cli": {"app.server", "app.mcp_server"}}
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 
-from ragidx.indexer.faults import KILL_POINTS
+from ragidx.indexer.faults import KILL_POINTS, MERGE_KILL_POINTS
 
 
 def build(corpus: Path, index: Path, model: Path, *extra: str, env: dict | None = None) -> dict:
@@ -21,18 +21,34 @@ def build(corpus: Path, index: Path, model: Path, *extra: str, env: dict | None 
     return json.loads(ragidx(*args, env=env).stdout)
 
 
-def stored_vectors(index: Path) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
-    """(path, ordinal) -> (chunk id, vector), read with plain sqlite3 and faiss."""
+def segment_vectors(index: Path) -> dict[int, np.ndarray]:
+    """Chunk id -> vector of every chunk, read with plain sqlite3 and faiss: the files the
+    segments table lists, less the recorded deletions; every chunk live in exactly one."""
     import faiss
 
     with sqlite3.connect(index / "ragidx.db") as db:
-        generation = json.loads(db.execute("select value from meta where key = 'generation'").fetchone()[0])
+        files = [row[0] for row in db.execute("select file from segments")]
+        deleted = set(db.execute("select segment, chunk_id from deletions"))
+        chunk_ids = [row[0] for row in db.execute("select id from chunks order by id")]
+    found: dict[int, np.ndarray] = {}
+    for name in files:
+        vectors = faiss.read_index(str(index / name))
+        for chunk_id in faiss.vector_to_array(vectors.id_map).tolist():
+            if (name, chunk_id) not in deleted:
+                assert chunk_id not in found, f"chunk {chunk_id} live in two segments"
+                found[chunk_id] = vectors.reconstruct(chunk_id)
+    assert sorted(found) == chunk_ids
+    return found
+
+
+def stored_vectors(index: Path) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
+    """(path, ordinal) -> (chunk id, vector), read with plain sqlite3 and faiss."""
+    with sqlite3.connect(index / "ragidx.db") as db:
         rows = db.execute(
             "select c.id, d.path, c.ordinal from chunks c join documents d on d.id = c.document_id"
         ).fetchall()
-    vectors = faiss.read_index(str(index / f"vectors-{generation}.faiss"))
-    assert sorted(faiss.vector_to_array(vectors.id_map).tolist()) == sorted(r[0] for r in rows)
-    return {(path, ordinal): (chunk_id, vectors.reconstruct(chunk_id)) for chunk_id, path, ordinal in rows}
+    vectors = segment_vectors(index)
+    return {(path, ordinal): (chunk_id, vectors[chunk_id]) for chunk_id, path, ordinal in rows}
 
 
 @pytest.fixture
@@ -179,10 +195,9 @@ def test_rm_removes_documents_from_every_search(workspace):
 def live_vectors(index: Path) -> dict[int, np.ndarray]:
     """Chunk id -> stored vector of every chunk, through the index's own reader."""
     from ragidx.indexer.store import IndexReader
-    from ragidx.indexer.vector_index import live_vectors as live
 
     reader = IndexReader(index)
-    ids, vectors = live(reader.load_vectors())
+    ids, vectors = reader.load_vectors().live_vectors()
     reader.close()
     return dict(zip(ids.tolist(), vectors, strict=True))
 
@@ -207,7 +222,7 @@ def test_index_types_convert_without_the_model_and_delete_per_type(workspace):
     out = ragidx("rm", corpus / "faq" / "warranty.md", "--index", index).stdout
     assert "1 document removed" in out
     with sqlite3.connect(index / "ragidx.db") as db:
-        tombstones = {row[0] for row in db.execute("select chunk_id from tombstones")}
+        tombstones = {row[0] for row in db.execute("select chunk_id from deletions")}
     assert tombstones and tombstones == before.keys() - live_vectors(index).keys()
     assert ragidx("check", "--index", index).stdout.strip().endswith(": ok")
     args = ("query", "warranty", "--index", index, "--mode", "dense", "--json", "-k", "1000")
@@ -250,7 +265,8 @@ def test_check_finds_and_repairs_damage(workspace, tiny_models):
     repaired = ragidx("check", "--repair", "--index", index, check=False)
     assert repaired.returncode == 0, repaired.stdout
     assert ragidx("check", "--index", index).stdout.strip() == "generation 2: ok"
-    assert sorted(p.name for p in index.glob("vectors-*")) == ["vectors-2.faiss"]
+    # the damaged segment kept (the extra vector deleted in it), the victim re-embedded into a new one
+    assert sorted(p.name for p in index.glob("vectors-*")) == ["vectors-1.faiss", "vectors-2.faiss"]
     restored = {chunk_id: vector for chunk_id, vector in stored_vectors(index).values()}
     np.testing.assert_allclose(restored[victim], original, atol=1e-5)  # re-embedded from its stored text
     assert build(corpus, index, tiny_models["qwen2"])["unchanged"] == 13  # nothing was lost to re-add
@@ -297,7 +313,59 @@ def test_a_build_killed_inside_the_commit_leaves_the_previous_generation(workspa
     assert json.loads(ragidx("info", "--index", index, "--json").stdout)["generation"] == 1
     summary = build(corpus, index, tiny_models["qwen2"])
     assert summary["generation"] == 2 and summary["updated"] == 1
-    assert sorted(p.name for p in index.glob("vectors-*")) == ["vectors-2.faiss"]
+    assert sorted(p.name for p in index.glob("vectors-*")) == ["vectors-1.faiss", "vectors-2.faiss"]
+
+
+@pytest.fixture(scope="module")
+def segmented(built, tiny_models, tmp_path_factory) -> Path:
+    """The built corpus after two one-document updates: a large segment and two of one vector,
+    which the next update merges in the background."""
+    from ragidx.app import Index
+
+    root = tmp_path_factory.mktemp("segmented")
+    shutil.copytree(built / "corpus", root / "corpus")
+    shutil.copytree(built / "index", root / "index")
+    with sqlite3.connect(root / "index" / "ragidx.db") as db:
+        db.execute("update documents set path = replace(path, ?, ?)", [str(built), str(root)])
+    for i, text in enumerate(["Parcels ship by bicycle courier.", "Returns are free for thirty days."]):
+        (root / "corpus" / "faq" / f"extra{i}.txt").write_text(text + "\n")
+        report = Index.update(
+            [root / "corpus"], root / "index", model=str(tiny_models["qwen2"]), progress=False
+        )
+        assert report.segments == 2 + i
+    return root
+
+
+@pytest.mark.parametrize("point", [*MERGE_KILL_POINTS, "sqlite-commit"])
+def test_a_build_killed_while_merging_segments_leaves_the_previous_generation(
+    segmented, tmp_path, tiny_models, point
+):
+    """The third update merges the two small segments while it embeds: killed while the merge
+    writes its file, after it renamed it, or inside the commit, the third generation never appears."""
+    from ragidx.app import Index
+
+    shutil.copytree(segmented / "corpus", tmp_path / "corpus")
+    shutil.copytree(segmented / "index", tmp_path / "index")
+    corpus, index = tmp_path / "corpus", tmp_path / "index"
+    with sqlite3.connect(index / "ragidx.db") as db:
+        db.execute("update documents set path = replace(path, ?, ?)", [str(segmented), str(tmp_path)])
+    before, vectors = search_all(index, QUERIES), segment_vectors(index)
+    (corpus / "faq" / "extra2.txt").write_text("Gift cards never expire.\n")
+    args = [RAGIDX, "build", str(corpus), "--model", str(tiny_models["qwen2"]), "--index", str(index)]
+    killed = subprocess.run(args, env={**child_env(), "RAGIDX_KILL_AT": point}, capture_output=True)
+    assert killed.returncode == -9
+    assert search_all(index, QUERIES) == before
+    after = segment_vectors(index)
+    assert after.keys() == vectors.keys() and all(np.array_equal(after[i], vectors[i]) for i in vectors)
+    report = Index.update([corpus], index, model=str(tiny_models["qwen2"]), progress=False)
+    assert (report.generation, len(report.changes.new), report.segments) == (4, 1, 3)
+    assert report.segments_merged == "2 segments into one of 2 vectors"
+    assert Index.check(index).healthy
+    assert sorted(p.name for p in index.glob("vectors-*")) == [
+        "vectors-1.faiss",
+        "vectors-4-merged.faiss",
+        "vectors-4.faiss",
+    ]
 
 
 def test_queries_during_a_build_see_the_last_committed_generation(workspace, tiny_models):

@@ -36,10 +36,10 @@ def test_update_remove_and_check_through_the_index(corpus, tmp_path, tiny_models
         with pytest.raises(RagidxError, match="no indexed document"):
             index.remove([files[0]])
     assert Index.check(index_dir).healthy
-    (index_dir / "vectors-1.faiss").write_bytes(b"left over")
+    (index_dir / "vectors-9.faiss").write_bytes(b"left over")
     found = Index.check(index_dir)
     assert [p.kind for p in found.problems] == ["stale-files"] and not found.healthy
-    assert Index.check(index_dir, repair=True).healthy and not (index_dir / "vectors-1.faiss").exists()
+    assert Index.check(index_dir, repair=True).healthy and not (index_dir / "vectors-9.faiss").exists()
 
 
 def test_tune_through_the_index_stores_what_it_reports(corpus, tmp_path, tiny_models):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_lifecycle import segment_vectors
 
 from ragidx.app import Index
 from ragidx.indexer.errors import RagidxError
@@ -126,11 +127,9 @@ def independent_lexical(index: Index, words: list[str]) -> list[tuple[int, float
 
 
 def independent_dense(index: Index, query: str, limit: int = 100) -> list[tuple[int, float]]:
-    import faiss
-
-    stored = faiss.read_index(str(index.reader.directory / f"vectors-{index.meta['generation']}.faiss"))
-    ids = faiss.vector_to_array(stored.id_map)
-    vectors = np.stack([stored.reconstruct(int(i)) for i in ids])
+    stored = segment_vectors(index.reader.directory)
+    ids = np.array(list(stored))
+    vectors = np.stack(list(stored.values()))
     scores = vectors @ index.strategy.encode([query], "query")[0]
     order = np.argsort(-scores, kind="stable")[:limit]
     return [(int(ids[i]), float(scores[i])) for i in order]

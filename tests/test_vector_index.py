@@ -1,5 +1,6 @@
-"""Vector index types: exactness, deletions (in place or tombstones), rebuilds, auto sizing,
-search parameters and filtered search, each checked against exact numpy search."""
+"""Vector index types: exactness, deleted ids (tombstones), auto sizing, search parameters and
+filtered search, each checked against exact numpy search. How structures combine into segments:
+test_segments.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from ragidx.indexer import vector_index
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.vector_index import VectorIndexSettings, stored_ids, update
+from ragidx.indexer.vector_index import VectorIndexSettings, new_vector_index, sized_settings, stored_ids
 
 DIMENSION = 32
 N = 2000
@@ -32,7 +33,7 @@ def exact(ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray, k: int) -> 
 
 
 def built(kind: str, **settings) -> vector_index.VectorIndex:
-    return update(None, VectorIndexSettings(requested=kind, **settings), VECTORS, IDS, np.zeros(0)).vectors
+    return new_vector_index(VectorIndexSettings(requested=kind, **settings), VECTORS, IDS)
 
 
 def recall(found: np.ndarray, truth: np.ndarray) -> float:
@@ -60,7 +61,7 @@ def test_nprobe_limits_the_lists_scanned():
     rng = np.random.default_rng(3)
     vectors, queries = rng.standard_normal((N, DIMENSION)), rng.standard_normal((20, DIMENSION))
     vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
-    ivf = update(None, VectorIndexSettings(requested="ivf", nprobe=1), vectors, IDS, np.zeros(0)).vectors
+    ivf = new_vector_index(VectorIndexSettings(requested="ivf", nprobe=1), vectors, IDS)
     members = {
         int(i): list_no
         for list_no in range(ivf.settings.ivf_lists)
@@ -81,33 +82,18 @@ def test_ef_search_is_at_least_the_number_of_results():
 
 
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
-def test_deleted_vectors_are_never_returned(kind):
+def test_tombstoned_vectors_are_never_returned(kind):
+    vectors = built(kind)
     removed = IDS[::3]
+    vectors.tombstones = removed
     keep = ~np.isin(IDS, removed)
-    result = update(built(kind), VectorIndexSettings(requested=kind), VECTORS[:0], IDS[:0], removed)
-    vectors = result.vectors
-    if kind == "hnsw":  # the graph keeps its nodes; the ids become tombstones, 33% > 20%: rebuilt
-        assert result.rebuilt == "667 deleted vectors in the HNSW graph"
-        assert len(vectors.tombstones) == 0 and vectors.ntotal == keep.sum()
-    else:
-        assert result.rebuilt == "" and vectors.ntotal == keep.sum()
-    np.testing.assert_array_equal(stored_ids(vectors.index), IDS[keep])
+    assert vectors.ntotal == N and vectors.live_count == keep.sum()
     truth = exact(IDS[keep], VECTORS[keep], QUERIES, 10)
     found = vectors.search(QUERIES, 10, ef_search=400, nprobe=10_000)[1]
-    assert recall(found, truth) >= (0.99 if kind == "hnsw" else 1.0)
-
-
-def test_hnsw_tombstones_below_the_rebuild_fraction():
-    removed = IDS[:100]  # 5%
-    result = update(built("hnsw"), VectorIndexSettings(requested="hnsw"), VECTORS[:0], IDS[:0], removed)
-    vectors = result.vectors
-    assert result.rebuilt == "" and vectors.ntotal == N and vectors.live_count == N - 100
-    np.testing.assert_array_equal(vectors.tombstones, removed)
-    queries = VECTORS[:100]  # each removed vector's own nearest neighbour is itself
-    found = vectors.search(queries, 5, ef_search=200)[1]
     assert not np.isin(found, removed).any()
-    truth = exact(IDS[100:], VECTORS[100:], queries, 5)
-    assert recall(found, truth) >= 0.99
+    assert recall(found, truth) >= (0.99 if kind == "hnsw" else 1.0)
+    own = vectors.search(VECTORS[:100:3], 1, ef_search=200)[1]  # each removed vector's nearest is itself
+    assert not np.isin(own, removed).any()
 
 
 @pytest.mark.parametrize("kind", ["ivf", "hnsw"])
@@ -135,32 +121,25 @@ def test_a_filter_that_ann_misses_falls_back_to_exact(monkeypatch):
     np.testing.assert_array_equal(ids, exact(IDS[rows], VECTORS[rows], QUERIES, 10))
 
 
-def test_auto_switches_type_by_size_with_hysteresis(monkeypatch):
+def test_auto_picks_the_type_by_size_with_hysteresis(monkeypatch):
     monkeypatch.setattr(vector_index, "FLAT_SCAN_BYTES", 1000 * 4 * DIMENSION)  # 1000 vectors
     auto = VectorIndexSettings()
-    first = update(None, auto, VECTORS[:900], IDS[:900], np.zeros(0))
-    assert first.vectors.settings.kind == "flat"
-    grown = update(first.vectors, auto, VECTORS[900:1200], IDS[900:1200], np.zeros(0))
-    assert (
-        grown.vectors.settings.kind == "hnsw" and grown.rebuilt == "index type flat -> hnsw at 1200 vectors"
+    assert sized_settings(auto, 1000, DIMENSION, None).kind == "flat"
+    hnsw = sized_settings(auto, 1001, DIMENSION, None)
+    assert hnsw.kind == "hnsw" and hnsw.requested == "auto"
+    assert sized_settings(auto, 600, DIMENSION, hnsw).kind == "hnsw"  # replacing an HNSW graph: 600 >= 500
+    assert sized_settings(auto, 499, DIMENSION, hnsw).kind == "flat"  # below half the limit
+    assert sized_settings(auto, 600, DIMENSION, None).kind == "flat"
+    np.testing.assert_array_equal(
+        stored_ids(new_vector_index(auto, VECTORS[:1200], IDS[:1200]).index), IDS[:1200]
     )
-    np.testing.assert_array_equal(stored_ids(grown.vectors.index), IDS[:1200])
-    shrunk = update(grown.vectors, grown.vectors.settings, VECTORS[:0], IDS[:0], IDS[:600])
-    assert shrunk.vectors.settings.kind == "hnsw"  # 600 >= 1000 / 2: stays
-    flat_again = update(shrunk.vectors, shrunk.vectors.settings, VECTORS[:0], IDS[:0], IDS[600:701])
-    assert flat_again.vectors.settings.kind == "flat"  # 499 live, below half the limit
-    np.testing.assert_array_equal(stored_ids(flat_again.vectors.index), IDS[701:1200])
 
 
-def test_ivf_is_retrained_when_it_outgrows_its_lists():
-    small = update(None, VectorIndexSettings(requested="ivf"), VECTORS[:400], IDS[:400], np.zeros(0)).vectors
-    assert (small.settings.ivf_lists, small.settings.trained_on) == (10, 400)  # 400 // 39 caps sqrt(400)
-    same = update(small, small.settings, VECTORS[400:1000], IDS[400:1000], np.zeros(0))
-    assert same.rebuilt == "" and same.vectors.settings.trained_on == 400
-    grown = update(same.vectors, same.vectors.settings, VECTORS[1000:], IDS[1000:], np.zeros(0))
-    assert grown.rebuilt == f"IVF trained with 32 lists on {N} vectors"
-    truth = exact(IDS, VECTORS, QUERIES, 10)
-    np.testing.assert_array_equal(grown.vectors.search(QUERIES, 10, nprobe=32)[1], truth)
+def test_ivf_lists_follow_the_count_trained_on():
+    small = sized_settings(VectorIndexSettings(requested="ivf"), 400, DIMENSION, None)
+    assert (small.ivf_lists, small.trained_on) == (10, 400)  # 400 // 39 caps sqrt(400)
+    assert sized_settings(VectorIndexSettings(requested="ivf"), N, DIMENSION, small).ivf_lists == 32
+    assert sized_settings(VectorIndexSettings(requested="ivf", nlist=8), N, DIMENSION, None).ivf_lists == 8
 
 
 def test_settings_validate_and_describe():
@@ -175,11 +154,8 @@ def test_settings_validate_and_describe():
 
 
 def test_an_empty_index_answers_nothing():
-    empty = update(built("ivf"), VectorIndexSettings(requested="ivf"), VECTORS[:0], IDS[:0], IDS).vectors
-    ids = empty.search(QUERIES, 10)[1]
-    assert ids.shape == (len(QUERIES), 0)
-    refilled = update(empty, empty.settings, VECTORS[:500], IDS[:500], np.zeros(0))
-    assert "IVF trained" in refilled.rebuilt
-    np.testing.assert_array_equal(
-        refilled.vectors.search(QUERIES, 5, nprobe=1000)[1], exact(IDS[:500], VECTORS[:500], QUERIES, 5)
-    )
+    empty = new_vector_index(VectorIndexSettings(requested="ivf"), VECTORS[:0], IDS[:0])
+    assert empty.search(QUERIES, 10)[1].shape == (len(QUERIES), 0)
+    everything_deleted = built("flat")
+    everything_deleted.tombstones = IDS
+    assert everything_deleted.search(QUERIES, 10)[1].shape == (len(QUERIES), 0)

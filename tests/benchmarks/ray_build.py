@@ -28,10 +28,9 @@ from build_memory import DEFAULT_JSONL, RAGIDX, write_corpus
 def vectors(index: Path) -> dict[int, object]:
     """Chunk id -> stored vector (a Ray build gives its chunks the ids a local build does)."""
     from ragidx.indexer.store import IndexReader
-    from ragidx.indexer.vector_index import live_vectors
 
     reader = IndexReader(index)
-    ids, stored = live_vectors(reader.load_vectors())
+    ids, stored = reader.load_vectors().live_vectors()
     reader.close()
     return dict(zip(ids.tolist(), stored, strict=True))
 

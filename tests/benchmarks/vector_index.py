@@ -71,10 +71,10 @@ def rss_mb() -> float:
 
 def built(kind: str, vectors: np.ndarray):
     """A vector index of ``kind`` over ``vectors``, made as a build's first commit makes it."""
-    from ragidx.indexer.vector_index import VectorIndexSettings, update
+    from ragidx.indexer.vector_index import VectorIndexSettings, new_vector_index
 
     ids = np.arange(len(vectors), dtype=np.int64)
-    return update(None, VectorIndexSettings(requested=kind), vectors, ids, np.zeros(0, np.int64)).vectors
+    return new_vector_index(VectorIndexSettings(requested=kind), vectors, ids)
 
 
 def flat_sweep(sizes: list[int], queries: np.ndarray, spread: float) -> list[dict]:
