@@ -98,8 +98,9 @@ def connect(uri: str) -> MilvusClient:
         raise RagidxError(
             "--store milvus needs pymilvus (and milvus-lite for a local file): pip install 'ragidx[milvus]'"
         ) from error
-    # pymilvus logs each failed call with its traceback; ragidx turns them into one line itself.
-    logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
+    # pymilvus and milvus-lite log failures with their tracebacks; ragidx says them in one line itself.
+    for name in ("pymilvus", "milvus_lite"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         return MilvusClient(uri=uri, timeout=CONNECT_SECONDS)
     except MilvusException as error:

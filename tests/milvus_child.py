@@ -24,6 +24,9 @@ def main() -> None:
         client.create_collection(collection, schema=schema)
     elif action == "collections":
         result = client.list_collections()
+    elif action == "hold":  # keep the file open (milvus-lite's lock) until stdin closes
+        print(json.dumps("holding"), flush=True)
+        sys.stdin.read()
     else:
         client.load_collection(collection)
         if action == "rows":

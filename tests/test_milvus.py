@@ -136,6 +136,16 @@ def test_check_repairs_the_collection_and_refuses_another_index(in_milvus):
     assert ("re-embedded", "2 chunks from their stored text") in problems(in_milvus, repair=True)
     assert problems(in_milvus) == [] and meta(in_milvus, "generation") == 2
     assert answers(in_milvus) == before
+    holder = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("milvus_child.py")), "hold", store["uri"], "ragidx"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == '"holding"'
+    locked = ragidx("query", "tides", "--index", in_milvus, check=False)
+    holder.communicate("", timeout=60)
+    assert_one_line_error(locked, "milvus-lite serves one process at a time")
     direct("owner", store["uri"], store["collection"], "someone-else")
     assert_one_line_error(
         ragidx("query", "tides", "--index", in_milvus, check=False), "belongs to another index"
