@@ -23,6 +23,7 @@ from ragidx.app.catalog import (
     DEVICES,
     DTYPES,
     OPTION_SPECS,
+    STORES,
     OptionSpec,
     default_model,
     describe_store,
@@ -299,7 +300,7 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--store",
-            type=click.Choice(["local", "milvus"]),
+            type=click.Choice(STORES),
             default=None,
             help="Where vectors live: local segment files (default) or a Milvus collection "
             "(needs the milvus extra; the index remembers it).",

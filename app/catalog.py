@@ -7,7 +7,7 @@ from typing import Any
 
 from ragidx.indexer.models import install_packaged_model, packaged_model_rows
 from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
-from ragidx.indexer.settings import describe_store
+from ragidx.indexer.settings import STORES, describe_store
 from ragidx.indexer.strategies import OPTION_SPECS, REGISTRY
 from ragidx.indexer.strategies.options import OptionSpec, flag_of
 
@@ -16,6 +16,7 @@ __all__ = [
     "DEVICES",
     "DTYPES",
     "OPTION_SPECS",
+    "STORES",
     "OptionSpec",
     "default_model",
     "describe_store",
