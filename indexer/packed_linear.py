@@ -10,6 +10,7 @@ latency and speeds builds by about a sixth (README, "Precision").
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -43,10 +44,32 @@ def _count_flops_of_packed_products(linear: Any) -> None:
         register_flop_formula(linear)(flops)
 
 
+# TorchScript's tracer cannot record the packed product's empty ``Scalar?[]`` argument, so a traced
+# forward calls it through this graph, written in TorchScript's IR (its Python frontend cannot
+# spell that list type either).
+TRACEABLE_PRODUCT_IR = """
+graph(%inputs : Tensor, %blocked : Tensor, %bias : Tensor?):
+  %attr : str = prim::Constant[value="none"]()
+  %algorithm : str = prim::Constant[value=""]()
+  %scalars : Scalar?[] = prim::ListConstruct()
+  %output : Tensor = mkldnn::_linear_pointwise(%inputs, %blocked, %bias, %attr, %scalars, %algorithm)
+  return (%output)
+"""
+
+
+@functools.cache
+def _traceable_product() -> Any:
+    import torch
+
+    return torch._C._create_function_from_graph("packed_linear", torch._C.parse_ir(TRACEABLE_PRODUCT_IR))
+
+
 def pack_linear_weights(model: nn.Module) -> int:
     """Give every bf16 CPU ``nn.Linear`` of ``model`` a pre-packed weight; returns how many.
 
-    The module keeps its ``weight`` (strategies and tests read it); only ``forward`` changes.
+    The module keeps its ``weight`` (strategies and tests read it); only ``forward`` changes. The
+    packed copy is a non-persistent buffer ``packed_weight``, so a traced forward (see
+    :mod:`ragidx.indexer.strategies.traced_readout`) reads it as the module's attribute.
     """
     import torch
 
@@ -62,10 +85,12 @@ def pack_linear_weights(model: nn.Module) -> int:
             continue
         if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
             continue
-        blocked = reorder(weight.detach())
+        module.register_buffer("packed_weight", reorder(weight.detach()), persistent=False)
 
-        def forward(self: nn.Linear, inputs: torch.Tensor, blocked: torch.Tensor = blocked) -> torch.Tensor:
-            return linear(inputs, blocked, self.bias, "none", [], "")
+        def forward(self: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
+            if torch.jit.is_tracing():
+                return _traceable_product()(inputs, self.packed_weight, self.bias)
+            return linear(inputs, self.packed_weight, self.bias, "none", [], "")
 
         module.forward = types.MethodType(forward, module)
         packed += 1

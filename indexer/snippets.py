@@ -49,16 +49,28 @@ def stem(word: str) -> str:
 
 
 class _StemMatcher:
-    """Whether a word stems to one of the query's stems; Porter only rewrites suffixes, so a word
-    whose first letter starts no stem is rejected without stemming it (stemming is the cost)."""
+    """Whether a word stems to one of the query's stems, and which; each distinct word is stemmed
+    once per snippet, and Porter only rewrites suffixes, so a word whose first letter starts no
+    stem is rejected without stemming it (stemming is the cost)."""
 
     def __init__(self, stems: frozenset[str]):
         self.stems = stems
         self.initials = {s[:1] for s in stems}
+        self.seen: dict[str, str | None] = {}
+
+    def stem_of(self, word: str) -> str | None:
+        """The query stem ``word`` (lower case) matches, or None."""
+        if word not in self.seen:
+            stemmed = stem(word) if word[:1] in self.initials else None
+            self.seen[word] = stemmed if stemmed in self.stems else None
+        return self.seen[word]
 
     def __call__(self, word: str) -> bool:
-        lowered = word.lower()
-        return lowered[:1] in self.initials and stem(lowered) in self.stems
+        return self.stem_of(word.lower()) is not None
+
+    def distinct_stems(self, text: str) -> int:
+        """How many of the query's stems ``text`` holds."""
+        return len({self.stem_of(word) for word in {w.lower() for w in WORD.findall(text)}} - {None})
 
 
 def query_stems(query: str) -> frozenset[str]:
@@ -73,7 +85,7 @@ def make_snippet(text: str, sentences: Sequence[Span], stems: frozenset[str]) ->
     the sentences after it while they fit in :data:`SNIPPET_CHARS`; whitespace is collapsed."""
     matches = _StemMatcher(stems)
     spans = [(s, e) for s, e in sentences if 0 <= s < e <= len(text)] or [(0, len(text))]
-    scores = [len({stem(w) for w in WORD.findall(text[s:e]) if matches(w)}) for s, e in spans]
+    scores = [matches.distinct_stems(text[s:e]) for s, e in spans]
     best = max(range(len(spans)), key=lambda i: (scores[i], -i))
     start, end = spans[best]
     for _, next_end in spans[best + 1 :]:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.real
 
 EVAL_DATA = Path(os.environ.get("RAGIDX_EVAL_DATA", Path(__file__).resolve().parents[2] / "shared" / "eval"))
 SCIFACT = EVAL_DATA / "scifact"
-MAX_DOCS, MAX_QUERIES = 300, 60
+MAX_DOCS, MAX_QUERIES = 150, 30
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import numpy as np
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.options import StrategyOptions
+from ragidx.indexer.strategies.traced_readout import TracedReadout
 
 if TYPE_CHECKING:
     import torch
@@ -105,6 +106,9 @@ class Strategy(ABC):
     # Whether bfloat16 weights keep this strategy's vectors within cosine 0.999 of float32 on the
     # real models (tests/test_real_models.py); if not, ``--dtype auto`` stays float32 on CPUs.
     bfloat16_ok: ClassVar[bool] = True
+    # Whether ``readout`` of one row depends on its token ids alone (not on the prepared row's other
+    # fields), so that it can be traced once and replayed for single texts (see traced_readout).
+    traceable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -132,6 +136,7 @@ class Strategy(ABC):
         self.batch = batch or BatchSettings()
         self.options = options if options is not None else self.Options()
         self.truncated = 0
+        self.one_row = TracedReadout(runtime, self._readout_of_ids) if self.traceable else None
 
     @classmethod
     def takes(cls) -> frozenset[str]:
@@ -227,11 +232,16 @@ class Strategy(ABC):
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         sequences = [row.ids for row in prepared]
         for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):
-            vectors = self.readout(batch, [prepared[i] for i in batch.indices])
+            rows = [prepared[i] for i in batch.indices]
+            vectors = self.one_row(batch) if self.one_row else self.readout(batch, rows)
             out[batch.indices] = vectors.float().cpu().numpy()
             if progress:
                 progress(len(batch.indices), int(batch.lengths.sum()))
         return l2_normalise(out)
+
+    def _readout_of_ids(self, batch: Batch) -> torch.Tensor:
+        """:meth:`readout` of a traceable strategy, which needs nothing of the rows but their ids."""
+        return self.readout(batch, ())
 
     @abstractmethod
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:

@@ -21,6 +21,7 @@ class MeanPooling(Strategy):
     description = "mean of the final layer over all tokens; works for decoders and BERT-style encoders"
     paper = "baseline (sentence-transformers mean pooling)"
     decoder_only = False
+    traceable = True
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         return masked_mean(self.runtime.forward(batch), batch.attention_mask)
@@ -32,6 +33,7 @@ class LastTokenPooling(Strategy):
     name = "last"
     description = "final-layer state of the last token (causal models only)"
     paper = "baseline"
+    traceable = True
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         return last_real_token(self.runtime.forward(batch), batch)

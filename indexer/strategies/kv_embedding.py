@@ -67,6 +67,7 @@ class KVEmbedding(Strategy):
     default_query_template = KV_QUERY_TEMPLATE
     # Re-routing amplifies rounding: bf16 moved a SmolLM2 vector to cosine 0.9977 of float32.
     bfloat16_ok = False
+    traceable = True
 
     @dataclass(frozen=True)
     class Options(StrategyOptions):

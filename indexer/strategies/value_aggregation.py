@@ -66,6 +66,7 @@ class ValueAggregation(Strategy):
 
     options: Options
     reads_module_input: ClassVar[bool] = False
+    traceable = True
     relative_depth: ClassVar[tuple[float, float]] = RELATIVE_DEPTH
 
     def __init__(
