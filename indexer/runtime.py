@@ -111,6 +111,13 @@ class Batch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
 
+    @classmethod
+    def single(cls, input_ids: torch.Tensor) -> Batch:
+        """The batch of one unpadded row of ids, shape [1, tokens]."""
+        import torch
+
+        return cls([0], input_ids, torch.ones_like(input_ids))
+
     @property
     def lengths(self) -> torch.Tensor:
         return self.attention_mask.sum(dim=1)

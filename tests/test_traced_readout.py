@@ -30,7 +30,7 @@ def eager_vector(strategy, text: str) -> np.ndarray:
     """The readout of the text's one-row batch, run as written (hooks, early exit and all)."""
     ids = torch.tensor([strategy.token_ids(text, "query")])
     with torch.inference_mode():
-        vector = strategy.readout(Batch([0], ids, torch.ones_like(ids)), ())
+        vector = strategy.readout(Batch.single(ids), ())
     return l2_normalise(vector.float().numpy())[0]
 
 
@@ -107,7 +107,7 @@ def test_a_readout_that_cannot_be_traced_stays_eager(runtimes):
 
     readout = TracedReadout(runtime, refuses_tracing)
     ids = torch.tensor([strategy.token_ids(TEXTS[0], "query")])
-    batch = Batch([0], ids, torch.ones_like(ids))
+    batch = Batch.single(ids)
     expected = strategy.readout(batch, ())
     for _ in range(3):
         torch.testing.assert_close(readout(batch), expected, rtol=0, atol=0)

@@ -232,8 +232,10 @@ class Strategy(ABC):
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         sequences = [row.ids for row in prepared]
         for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):
-            rows = [prepared[i] for i in batch.indices]
-            vectors = self.one_row(batch) if self.one_row else self.readout(batch, rows)
+            if self.one_row:
+                vectors = self.one_row(batch)
+            else:
+                vectors = self.readout(batch, [prepared[i] for i in batch.indices])
             out[batch.indices] = vectors.float().cpu().numpy()
             if progress:
                 progress(len(batch.indices), int(batch.lengths.sum()))

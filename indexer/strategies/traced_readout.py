@@ -115,6 +115,6 @@ def _one_row_module(model: torch.nn.Module, readout: Callable[[Batch], torch.Ten
             self.model = model
 
         def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-            return readout(Batch([0], input_ids, torch.ones_like(input_ids)))
+            return readout(Batch.single(input_ids))
 
     return OneRow()

@@ -47,7 +47,7 @@ def eager_readout(strategy: Strategy, query: str) -> None:
 
     ids = torch.tensor([strategy.token_ids(query, "query")])
     with torch.inference_mode():
-        strategy.readout(Batch([0], ids, torch.ones_like(ids)), ())
+        strategy.readout(Batch.single(ids), ())
 
 
 def main() -> None:
