@@ -17,16 +17,21 @@ from typing import Any
 import click
 
 from ragidx import __version__
-from ragidx.app import Embedder, Index, RagidxError
+from ragidx.app import Embedder, Index, RagidxError, Role
 from ragidx.app.catalog import (
     DEFAULT_MODEL,
     DEVICES,
     DTYPES,
+    FILTER_HELP,
+    FILTER_KINDS,
+    INDEX_TYPES,
     OPTION_SPECS,
+    ROLES,
+    SEARCH_OPTION_SPECS,
     STORES,
     OptionSpec,
+    SearchOptionSpec,
     default_model,
-    describe_store,
     flag_of,
     install_packaged_model,
     packaged_model_rows,
@@ -139,13 +144,17 @@ def _sweeps(options: dict[str, Any]) -> dict[str, list[Any]]:
     }
 
 
-def _search_parameter_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    command = click.option(
-        "--nprobe", type=click.IntRange(min=1), default=None, help="IVF: lists scanned per query."
-    )(command)
-    return click.option(
-        "--ef-search", type=click.IntRange(min=1), default=None, help="HNSW: candidate list size per query."
-    )(command)
+def _stored_search_breadth(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``build``'s --ef-search and --nprobe: the search options of that name, stored as the
+    index's default for every search."""
+    for spec in reversed([spec for spec in SEARCH_OPTION_SPECS if spec.name in ("ef_search", "nprobe")]):
+        command = click.option(
+            *spec.cli_flags,
+            type=click.IntRange(spec.minimum, spec.maximum),
+            default=None,
+            help=f"{spec.help.removesuffix(' for this search.')}: the index's default for every search.",
+        )(command)
+    return command
 
 
 def _vector_index_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -154,7 +163,7 @@ def _vector_index_options(command: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option(
             "--index-type",
-            type=click.Choice(["auto", "flat", "hnsw", "ivf"]),
+            type=click.Choice(INDEX_TYPES),
             default=None,
             help="Vector index (default: the index's, else auto: exact up to 128 MiB of vectors, e.g. "
             "37k at 896-d, HNSW above).",
@@ -172,7 +181,7 @@ def _vector_index_options(command: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for option in reversed(options):
         command = option(command)
-    return _search_parameter_options(command)
+    return _stored_search_breadth(command)
 
 
 def _model_option(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -219,7 +228,7 @@ def cli(debug: bool) -> None:
 
 def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options of ``build``, which ``watch`` takes too."""
-    decorators = [
+    decorators: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option(
             "--model", default=None, help=f"{MODEL_HELP} (default: the index's, else {DEFAULT_MODEL_SHOWN})."
         ),
@@ -355,10 +364,7 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         f"index {report.index_dir} (generation {report.generation}): "
         f"{counted(report.total_documents, 'document')}, {counted(report.total_chunks, 'chunk')}"
     )
-    if report.store["kind"] == "milvus":
-        click.echo(f"vectors: {describe_store(report.store, report.vector_index)}")
-    else:
-        click.echo(f"vectors: {report.vector_index.describe()}, {counted(report.segments, 'segment')}")
+    click.echo(f"vectors: {report.vectors_description}")
     if report.vector_index_rebuilt:
         click.echo(f"  rebuilt: {report.vector_index_rebuilt}")
     if report.segments_merged:
@@ -425,86 +431,74 @@ def _interrupt(*_: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _search_flags(spec: SearchOptionSpec) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """A search option's CLI flags and their click settings, from its declaration. Filters are
+    given as --path, --ext and --meta, each repeatable; weights as ``dense=W,lexical=W``."""
+    if spec.kind == "filters":
+        return [
+            ((f"--{kind}", f"filter_{kind}"), {"multiple": True, "help": FILTER_HELP[kind]})
+            for kind in FILTER_KINDS
+        ]
+    settings: dict[str, Any] = {"default": spec.default, "help": spec.help}
+    if spec.kind == "bool":
+        settings["is_flag"] = True
+    elif spec.kind == "int":
+        settings["type"] = click.IntRange(spec.minimum, spec.maximum)
+    elif spec.kind == "float":
+        settings["type"] = float
+    elif spec.kind == "choice":
+        settings["type"] = click.Choice(spec.choices)
+    if spec.default is not None and spec.kind != "bool":
+        settings["show_default"] = True
+    return [((*spec.cli_flags, spec.name), settings)]
+
+
+def _search_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One flag per search option (``ragidx.app.catalog.SEARCH_OPTION_SPECS``)."""
+    for spec in reversed(SEARCH_OPTION_SPECS):
+        for names, settings in reversed(_search_flags(spec)):
+            command = click.option(*names, **settings)(command)
+    return command
+
+
+def _given_search_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Pop the search options out of a command's keyword arguments, as ``Index.search`` takes them."""
+    given = {spec.name: options.pop(spec.name) for spec in SEARCH_OPTION_SPECS if spec.name in options}
+    given["filters"] = {
+        "path": list(options.pop("filter_path")),
+        "ext": list(options.pop("filter_ext")),
+        "meta": parse_meta(options.pop("filter_meta")),
+    }
+    return given
+
+
 @cli.command()
 @click.argument("text")
-@click.option("-k", "k", type=click.IntRange(min=1), default=5, show_default=True, help="Number of results.")
+@_search_options
 @_index_option
 @_device_options
 @click.option("--model", default=None, help="Must match the index's model if given.")
 @click.option("--strategy", default=None, help="Must match the index's strategy if given.")
-@click.option(
-    "--mode",
-    type=click.Choice(["hybrid", "dense", "lexical"]),
-    default="hybrid",
-    show_default=True,
-    help="Vectors, FTS5 BM25, or both fused by reciprocal rank.",
-)
-@click.option(
-    "--path", "paths", multiple=True, help="Only documents whose path matches this glob (repeatable)."
-)
-@click.option(
-    "--ext", "exts", multiple=True, help="Only documents with this extension, e.g. md (repeatable)."
-)
-@click.option(
-    "--meta",
-    "meta",
-    multiple=True,
-    help="Only documents whose metadata KEY has VALUE: KEY=VALUE (repeatable).",
-)
-@click.option(
-    "--min-score", type=float, default=None, help="Drop hits scoring below this (the mode's own scale)."
-)
-@click.option(
-    "--weights",
-    default=None,
-    help="Hybrid fusion weights, e.g. dense=0.3,lexical=0.7 (default: the index's tuned weights).",
-)
-@click.option(
-    "--fusion",
-    type=click.Choice(["rrf", "minmax"]),
-    default=None,
-    help="Hybrid fusion method: reciprocal rank, or min-max normalised scores (default: the index's).",
-)
-@_search_parameter_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as a JSON list.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per result.")
 def query(
     text: str,
-    k: int,
-    mode: str,
     index_dir: Path | None,
     device: str,
     dtype: str | None,
     model: str | None,
     strategy: str | None,
-    paths: tuple[str, ...],
-    exts: tuple[str, ...],
-    meta: tuple[str, ...],
-    min_score: float | None,
-    weights: str | None,
-    fusion: str | None,
-    ef_search: int | None,
-    nprobe: int | None,
     as_json: bool,
     as_jsonl: bool,
+    **options: Any,
 ) -> None:
     """Search the index for TEXT."""
     if as_json and as_jsonl:
         raise RagidxError("--json and --jsonl exclude each other")
-    filters = {"path": list(paths), "ext": list(exts), "meta": parse_meta(meta)}
+    given = _given_search_options(options)
     with Index.open(index_dir, device=device, dtype=dtype) as index:
         index.check_compatible(model, strategy)
-        hits = index.search(
-            text,
-            k,
-            mode,
-            filters,
-            min_score,
-            weights=weights,
-            fusion=fusion,
-            ef_search=ef_search,
-            nprobe=nprobe,
-        )
+        hits = index.search(text, **given)
     if as_json:
         _print_json([hit.to_dict() for hit in hits])
     elif as_jsonl:
@@ -526,11 +520,13 @@ def _print_hits(hits: list[Any]) -> None:
         click.echo(click.style(header, bold=True) if color else header, color=color)
         marked = hit.snippet.render(lambda w: click.style(w, fg="yellow", bold=True)) if color else None
         click.echo(f"    {marked or hit.snippet.text}", color=color)
+        if hit.explain is not None:
+            click.echo(f"    why: {hit.explain.describe()}")
 
 
 @cli.command()
 @click.argument("texts", nargs=-1, required=True)
-@click.option("--role", type=click.Choice(["query", "document"]), default="query", show_default=True)
+@click.option("--role", type=click.Choice(ROLES), default="query", show_default=True)
 @_index_option
 @_device_options
 @click.option("--model", default=None, help=f"Embed without an index, with this model. {MODEL_HELP}.")
@@ -539,7 +535,7 @@ def _print_hits(hits: list[Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of float lists.")
 def embed(
     texts: tuple[str, ...],
-    role: str,
+    role: Role,
     index_dir: Path | None,
     device: str,
     dtype: str | None,
@@ -1091,7 +1087,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as error:
         error.show()
         sys.exit(error.exit_code)
-    except (RagidxError, Exception) as error:
+    except Exception as error:
         if debug:
             raise
         message = " ".join(str(error).split())

@@ -12,9 +12,8 @@ import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
-from ragidx.app.retriever import Hit, Index
+from ragidx.app.retriever import Hit, Index, SearchOptions
 
 MAX_BATCH = 64  # queries per forward: past this, padding and memory grow faster than the gain
 
@@ -22,7 +21,7 @@ MAX_BATCH = 64  # queries per forward: past this, padding and memory grow faster
 @dataclass
 class PendingSearch:
     query: str
-    options: dict[str, Any]  # Index.search's keyword arguments
+    options: SearchOptions
     answer: Future[list[Hit]] = field(default_factory=Future)
 
 
@@ -38,7 +37,7 @@ class SearchBatcher:
         self.worker = threading.Thread(target=self._serve, name="ragidx-search", daemon=True)
         self.worker.start()
 
-    def submit(self, query: str, **options: Any) -> Future[list[Hit]]:
+    def submit(self, query: str, options: SearchOptions) -> Future[list[Hit]]:
         """Queue one search; the future holds its hits, or the error it raised."""
         search = PendingSearch(query, options)
         self.pending.put(search)
@@ -56,7 +55,7 @@ class SearchBatcher:
                 self._answer(batch)
 
     def _answer(self, batch: list[PendingSearch]) -> None:
-        dense = [search for search in batch if search.options.get("mode", "hybrid") != "lexical"]
+        dense = [search for search in batch if search.options.mode != "lexical"]
         try:
             vectors = self.index.embed([search.query for search in dense]) if len(dense) > 1 else None
         except Exception:  # one bad query must not fail the others: each runs alone below
@@ -65,8 +64,6 @@ class SearchBatcher:
         for search in batch:
             given = vectors[rows[id(search)]][None] if vectors is not None and id(search) in rows else None
             try:
-                search.answer.set_result(
-                    self.index.search(search.query, **search.options, query_vector=given)
-                )
+                search.answer.set_result(self.index.search(search.query, search.options, query_vector=given))
             except Exception as error:  # handed to the request that asked
                 search.answer.set_exception(error)

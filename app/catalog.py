@@ -1,25 +1,39 @@
-"""What a user can choose: the packaged models, the strategies and their options, the devices,
-precisions and vector stores. The CLI's menus and help come from here, and Python users can list the same."""
+"""What a user can choose: the packaged models, the strategies and their options, the search
+options, the devices, precisions, vector index types and vector stores. The CLI's menus and help
+come from here, and Python users can list the same."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ragidx.indexer.models import install_packaged_model, packaged_model_rows
-from ragidx.indexer.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
-from ragidx.indexer.settings import STORES, describe_store
+from ragidx.indexer.model.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
+from ragidx.indexer.model.sources import install_packaged_model, packaged_model_rows
+from ragidx.indexer.search.fusion import METHODS
+from ragidx.indexer.search.options import MAX_K, MODES, SEARCH_OPTION_SPECS, SearchOptionSpec
+from ragidx.indexer.storage import STORES
+from ragidx.indexer.storage.filters import FILTER_HELP, FILTER_KINDS
+from ragidx.indexer.storage.vector_index import INDEX_TYPES
 from ragidx.indexer.strategies import OPTION_SPECS, REGISTRY
+from ragidx.indexer.strategies.base import ROLES
 from ragidx.indexer.strategies.options import OptionSpec, flag_of
 
 __all__ = [
     "DEFAULT_MODEL",
     "DEVICES",
     "DTYPES",
+    "FILTER_HELP",
+    "FILTER_KINDS",
+    "INDEX_TYPES",
+    "MAX_K",
+    "METHODS",
+    "MODES",
     "OPTION_SPECS",
+    "ROLES",
+    "SEARCH_OPTION_SPECS",
     "STORES",
     "OptionSpec",
+    "SearchOptionSpec",
     "default_model",
-    "describe_store",
     "flag_of",
     "install_packaged_model",
     "packaged_model_rows",

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from ragidx.indexer.build.settings import split_strategy_options
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.runtime import default_model
-from ragidx.indexer.settings import split_strategy_options
+from ragidx.indexer.model.runtime import default_model
 from ragidx.indexer.strategies import Role, Strategy, create_strategy, load_runtime_for, named_or_default
 
 TEMPLATES = ("document_template", "query_template")

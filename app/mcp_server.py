@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import unquote, urlparse
 
 from anyio import to_thread
@@ -26,10 +27,10 @@ from mcp_types import Resource, ToolAnnotations
 from pydantic import Field
 
 from ragidx import __version__
-from ragidx.app.retriever import Index
-from ragidx.app.schemas import MAX_K, MAX_TEXT_CHARS, FilterBody, Text
+from ragidx.app.retriever import Index, SearchOptions
+from ragidx.app.schemas import search_options, search_parameters
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.sources import SkippedFile, SourceDocument, normal_path, read_document, span_pages
+from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument, normal_path, read_document, span_pages
 
 DOCUMENT_CHARS = 20_000  # get_document's default slice: an agent asks for the next one by `start`
 INSTRUCTIONS = (
@@ -110,30 +111,21 @@ def create_server(index: Index) -> IndexServer:
     """The MCP server for ``index``; ``server.run("stdio")`` serves it."""
     server = IndexServer(index)
 
-    @server.tool(annotations=READ_ONLY)
-    def search(
-        query: Annotated[
-            Text, Field(min_length=1, max_length=MAX_TEXT_CHARS, description="What to look for.")
-        ],
-        k: Annotated[int, Field(ge=1, le=MAX_K, description="How many hits.")] = 10,
-        mode: Annotated[
-            Literal["hybrid", "dense", "lexical"],
-            Field(description="hybrid (default): meaning and words fused; dense: meaning; lexical: BM25."),
-        ] = "hybrid",
-        filters: Annotated[
-            FilterBody | None,
-            Field(description='Restrict to {"path": glob(s), "ext": ext(s), "meta": {key: value(s)}}.'),
-        ] = None,
-    ) -> dict[str, Any]:
+    def search(**arguments: Any) -> dict[str, Any]:
         """Search the index: the best chunks for the query, each with its document's path, the
         chunk's character span in that document, its page(s) for PDFs, a snippet and its text."""
-        spec = filters.model_dump(exclude_none=True) if filters else None
+        query, given = search_options(arguments)
         try:
             with server.lock:
-                hits = server.index.search(query, k=k, mode=mode, filters=spec)
+                options = SearchOptions.of(**given)
+                hits = server.index.search(query, options)
         except RagidxError as error:
             raise ToolError(str(error)) from None
-        return {"query": query, "mode": mode, "hits": [tool_hit(hit.to_dict()) for hit in hits]}
+        return {"query": query, "mode": options.mode, "hits": [tool_hit(hit.to_dict()) for hit in hits]}
+
+    # The arguments are the search options' own declaration, as the HTTP request's are.
+    search.__signature__ = inspect.Signature(search_parameters(), return_annotation=dict[str, Any])  # type: ignore[attr-defined]
+    server.tool(annotations=READ_ONLY)(search)
 
     @server.tool(annotations=READ_ONLY)
     def get_document(
@@ -181,6 +173,6 @@ def create_server(index: Index) -> IndexServer:
 
 
 def tool_hit(hit: dict[str, Any]) -> dict[str, Any]:
-    """A hit as an agent needs it: where it is, how good, and what it says."""
-    keys = ("rank", "score", "path", "title", "span", "page", "pages", "metadata", "text")
-    return {**{key: hit[key] for key in keys}, "snippet": hit["snippet"]["text"]}
+    """A hit as an agent needs it: where it is, how good, and what it says (and, when asked, why)."""
+    keys = ("rank", "score", "path", "title", "span", "page", "pages", "metadata", "text", "explain")
+    return {**{key: hit[key] for key in keys if key in hit}, "snippet": hit["snippet"]["text"]}

@@ -9,20 +9,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ragidx.indexer.build.maintenance import CheckReport, RemoveReport, check, remove
+from ragidx.indexer.build.pipeline import BuildReport, build
+from ragidx.indexer.build.settings import IndexSettings, build_options
+from ragidx.indexer.build.tuning import DEFAULT_QUERIES, TuningReport, tune_and_store
+from ragidx.indexer.build.watch import watch
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.maintenance import CheckReport, RemoveReport, check, remove
-from ragidx.indexer.models import canonical_model_id
-from ragidx.indexer.pipeline import BuildReport, build
-from ragidx.indexer.search import FilterSpec, Hit, Ranked, SearchEngine, SearchRequest, WeightSpec
-from ragidx.indexer.settings import IndexSettings, build_options
-from ragidx.indexer.store import IndexReader, IndexWriter, default_index_dir
-from ragidx.indexer.tuning import DEFAULT_QUERIES, TuningReport, tune_and_store
-from ragidx.indexer.watch import watch
+from ragidx.indexer.model.sources import canonical_model_id
+from ragidx.indexer.search.engine import Hit, Ranked, SearchEngine
+from ragidx.indexer.search.options import SearchOptions
+from ragidx.indexer.storage import IndexReader, IndexWriter, default_index_dir
 
 if TYPE_CHECKING:
     from ragidx.indexer.strategies import Role, Strategy
 
-__all__ = ["Hit", "Index"]
+__all__ = ["Hit", "Index", "SearchOptions"]
 
 
 class Index:
@@ -136,65 +137,43 @@ class Index:
     def search(
         self,
         query: str,
-        k: int = 10,
-        mode: str = "hybrid",
-        filters: FilterSpec = None,
-        min_score: float | None = None,
+        options: SearchOptions | None = None,
         *,
-        weights: WeightSpec = None,
-        fusion: str | None = None,
-        ef_search: int | None = None,
-        nprobe: int | None = None,
         query_vector: np.ndarray | None = None,
+        **given: Any,
     ) -> list[Hit]:
-        """The ``k`` best chunks for ``query``.
+        """The best chunks for ``query``.
 
-        ``dense``: inner product of the vectors (the score is the cosine); ``lexical``: FTS5 BM25
-        over the chunk text (the score is -bm25); ``hybrid`` (default): both lists' top candidates
-        fused (the score is the fused value) with the index's tuned method and weights, unless
-        ``weights`` (``{"dense": 0.3, "lexical": 0.7}`` or a :class:`Fusion`) or ``fusion``
-        (``"rrf"``, weighted reciprocal rank Σ w/(60 + rank); ``"minmax"``, weighted sum of min-max
-        normalised scores) are given.
-        ``filters`` (a :class:`Filters` or ``{"path": ..., "ext": ..., "meta": {...}}``) restrict
-        the candidates inside each search, so ``k`` hits come back whenever ``k`` chunks match;
-        ``min_score`` then drops hits scoring below it. ``ef_search`` (HNSW) and ``nprobe`` (IVF)
-        override the index's stored search parameters for this call. ``query_vector`` (shape
-        ``(1, dimension)``) is the query's embedding where the caller already has it (a server
-        embedding queued queries in one batch).
+        ``options`` (a :class:`SearchOptions`) or its fields as keywords (``k=10``,
+        ``mode="hybrid"``, ``filters=``, ``min_score=``, ``weights=``, ``fusion=``, ``ef_search=``,
+        ``nprobe=``, ``explain=``; ``ragidx.app.catalog.SEARCH_OPTION_SPECS`` lists each with its
+        help) say how. ``dense`` ranks by the vectors' inner product (the score is the cosine),
+        ``lexical`` by FTS5 BM25 over the chunk text (the score is -bm25), and ``hybrid``
+        (default) fuses both lists' top candidates with the index's tuned method and weights
+        unless ``weights`` (``{"dense": 0.3, "lexical": 0.7}``, ``"dense=0.3,lexical=0.7"`` or a
+        :class:`Fusion`) or ``fusion`` (``"rrf"`` or ``"minmax"``) are given. ``filters`` (a
+        :class:`Filters` or ``{"path": ..., "ext": ..., "meta": {...}}``) restrict the candidates
+        inside each search, so ``k`` hits come back whenever ``k`` chunks match. ``query_vector``
+        (shape ``(1, dimension)``) is the query's embedding where the caller already has it (a
+        server embedding queued queries in one batch).
         """
-        return self.search_many(
-            [query],
-            k,
-            mode,
-            filters,
-            min_score,
-            weights=weights,
-            fusion=fusion,
-            ef_search=ef_search,
-            nprobe=nprobe,
-            vectors=query_vector,
-        )[0]
+        return self.search_many([query], options, vectors=query_vector, **given)[0]
 
     def search_many(
         self,
         queries: Sequence[str],
-        k: int = 10,
-        mode: str = "hybrid",
-        filters: FilterSpec = None,
-        min_score: float | None = None,
+        options: SearchOptions | None = None,
         *,
-        weights: WeightSpec = None,
-        fusion: str | None = None,
-        ef_search: int | None = None,
-        nprobe: int | None = None,
         vectors: np.ndarray | None = None,
+        **given: Any,
     ) -> list[list[Hit]]:
         """:meth:`search` for several queries, embedding them in one batch (unless ``vectors``,
         their embeddings, are given)."""
-        request = SearchRequest.checked(
-            queries, k, mode, filters, min_score, weights, fusion, ef_search, nprobe
-        )
-        return self.engine.search(queries, request, vectors)
+        if options is not None and not isinstance(options, SearchOptions):
+            raise RagidxError(
+                "search options are a SearchOptions or keywords (k=, mode=, ...), not positional"
+            )
+        return self.engine.search(queries, SearchOptions.of(options, **given), vectors)
 
     def rankings(self, queries: Sequence[str], depth: int, vectors: np.ndarray | None = None) -> list[Ranked]:
         """Each query's dense and lexical candidates (chunk id, score), best first: what hybrid
@@ -232,7 +211,7 @@ class Index:
             "index": str(self.reader.directory),
             **meta,
             **self.reader.counts(),
-            "segments": self.reader.segment_rows(),
+            "segments": self.reader.vector_parts(),
             "bytes_on_disk": self.reader.bytes_on_disk(),
         }
 

@@ -23,8 +23,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from ragidx import __version__
 from ragidx.app.batching import SearchBatcher
-from ragidx.app.retriever import Index
-from ragidx.app.schemas import EmbedBody, SearchBody
+from ragidx.app.retriever import Index, SearchOptions
+from ragidx.app.schemas import EmbedBody, SearchBody, search_options
 from ragidx.indexer.errors import RagidxError
 
 MAX_BODY_BYTES = 1_000_000  # default bound on a request body (`ragidx serve --max-body-bytes`)
@@ -126,19 +126,10 @@ def create_app(index: Index, max_body_bytes: int = MAX_BODY_BYTES) -> BodyLimit:
 
     @app.post("/search")
     async def search(body: SearchBody) -> dict[str, Any]:
-        answer = batcher.submit(
-            body.query,
-            k=body.k,
-            mode=body.mode,
-            filters=body.filters.model_dump(exclude_none=True) if body.filters else None,
-            min_score=body.min_score,
-            weights=body.weights.model_dump() if body.weights else None,
-            fusion=body.fusion,
-            ef_search=body.ef_search,
-            nprobe=body.nprobe,
-        )
-        hits = await asyncio.wrap_future(answer)
-        return {"query": body.query, "mode": body.mode, "k": body.k, "hits": [hit.to_dict() for hit in hits]}
+        query, given = search_options(body)
+        options = SearchOptions.of(**given)
+        hits = await asyncio.wrap_future(batcher.submit(query, options))
+        return {"query": query, "mode": options.mode, "k": options.k, "hits": [hit.to_dict() for hit in hits]}
 
     @app.post("/embed")
     def embed(body: EmbedBody) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def runtimes(tiny_models: dict[str, Path]):
     """Each tiny model loaded once through ragidx's loader, in float32 on the CPU."""
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
 
     return {
         arch: load_runtime(str(path), device="cpu", dtype="float32") for arch, path in tiny_models.items()

@@ -112,7 +112,7 @@ def test_cache_round_trip_feeds_kv_embedding(runtimes, tmp_path, monkeypatch):
     assert select_layers(calibration.curve) == (calibration.minimum_layer, calibration.layers)
     assert load_calibration(runtime) == calibration
     strategy = create_strategy("kv-embedding", runtime)
-    assert strategy.options.layers == calibration.layers
+    assert strategy.layers == calibration.layers
     assert strategy.layer_source == calibration.describe()
     assert create_strategy("kv-embedding", runtimes["qwen2"]).layer_source.startswith("fallback")
     stored = json.loads(path.read_text())

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.sources import scan
+from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.ingest.sources import scan
 
 
 def non_space(text: str) -> str:

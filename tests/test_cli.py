@@ -112,6 +112,21 @@ def test_human_query_output(built):
     assert "\x1b[" not in "".join(out)  # not a terminal: plain text
 
 
+def test_query_explain_in_human_and_json_output(built):
+    index, _ = built
+    args = ("query", "lighthouse lenses", "--index", index, "-k", "2", "--explain")
+    out = ragidx(*args).stdout.splitlines()
+    why = r"^    why: dense (#\d+ \S+|-), lexical (#\d+ \S+|-); rrf \d\.\d{4} \("
+    assert len(out) == 6 and re.match(why, out[2])
+    hits = json.loads(ragidx(*args, "--json").stdout)
+    from ragidx.app import Index
+
+    with Index.open(index) as opened:
+        expected = opened.search("lighthouse lenses", k=2, explain=True)
+    assert [h["explain"] for h in hits] == [hit.to_dict()["explain"] for hit in expected]
+    assert out[2] == f"    why: {expected[0].explain.describe()}"
+
+
 def run_on_terminal(args: list[str], env: dict[str, str] | None = None) -> str:
     """Run ragidx with stdout on a pseudo-terminal and return what it printed."""
     main, child = pty.openpty()
@@ -322,7 +337,7 @@ def search_all(index: Path, queries: list[str]) -> list[list[tuple[int, float]]]
     from ragidx.app import Index
 
     with Index.open(index) as opened:
-        return [[(h.chunk_id, round(h.score, 5)) for h in opened.search(q, 5)] for q in queries]
+        return [[(h.chunk_id, round(h.score, 5)) for h in opened.search(q, k=5)] for q in queries]
 
 
 @pytest.mark.parametrize("marker", [b"embedding", rb"embedding:\s+[1-9]\d*%"])
@@ -383,7 +398,7 @@ def test_aligned_wva_round_trip_with_its_settings_stored(tiny_models, sample_cor
 def test_htp_round_trip_embeds_chunks_with_their_own_sentences(tiny_models, sample_corpus, tmp_path):
     import faiss
 
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     index = tmp_path / "index"
@@ -434,7 +449,7 @@ def test_cp_settings_are_stored_and_shown(tiny_models, sample_corpus, tmp_path):
 def test_calibrate_then_build_kv_embedding_with_the_cached_layers(tiny_models, sample_corpus, tmp_path):
     import faiss
 
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     cache = {"RAGIDX_CACHE_DIR": str(tmp_path / "cache")}

@@ -13,8 +13,8 @@ import pytest
 from test_cli import ragidx
 
 from ragidx.app import Index
-from ragidx.indexer import extractors
-from ragidx.indexer.sources import read_document, scan, span_pages
+from ragidx.indexer.ingest import extractors
+from ragidx.indexer.ingest.sources import read_document, scan, span_pages
 
 fpdf = pytest.importorskip("fpdf")
 docx = pytest.importorskip("docx")

@@ -35,7 +35,7 @@ def beir(tmp_path_factory, sample_corpus) -> Path:
 
 
 def test_eval_retrieval_equals_exact_search_over_whole_documents(beir, tiny_models, tmp_path):
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     report_path, plot = tmp_path / "report.json", tmp_path / "metrics.png"
@@ -69,7 +69,7 @@ def test_eval_retrieval_equals_exact_search_over_whole_documents(beir, tiny_mode
 def test_eval_reports_tuned_hybrid_beside_equal_weights(beir, tiny_models, tmp_path):
     """With the index's weights set to lexical only, ``hybrid`` ranks documents as ``lexical`` does."""
     from ragidx.app.research.evaluation import EVAL_MODES, evaluate_retrieval
-    from ragidx.indexer.store import IndexWriter
+    from ragidx.indexer.storage import IndexWriter
 
     index, dataset = tmp_path / "index", load_beir(beir, "test")
     options = {"model": str(tiny_models["llama"]), "device": "cpu", "progress": False}
@@ -123,7 +123,7 @@ def test_sts_formats_and_score(tmp_path, tiny_models):
     assert load_sts(stsb).first[1] == "A dog runs." and load_sts(stsb, max_pairs=2).gold == [4.8, 0.2]
     out = json.loads(ragidx("eval", "sts", stsb, "--model", tiny_models["qwen2"], "--strategy", "mean,last",
                             "--json").stdout)  # fmt: skip
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     runtime = load_runtime(str(tiny_models["qwen2"]), device="cpu", dtype="float32")
@@ -154,7 +154,7 @@ def stsb(tmp_path_factory) -> tuple[Path, list[tuple[str, str, float]]]:
 def test_eval_sts_sweeps_repeated_options_row_by_row(stsb, tiny_models, tmp_path):
     """``--rewire`` twice: one htp row per value, mean once (it takes no --rewire), each equal to
     that strategy built with that value alone; --json FILE writes what --json prints."""
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     path, rows = stsb
@@ -202,7 +202,7 @@ def test_eval_retrieval_sweeps_and_prints_json(beir, tiny_models):
 def test_bench_reports_layers_and_counted_flops(tiny_models):
     import torch
 
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
 
     args = ("--max-texts", "1", "--queries", "3", "--device", "cpu", "--dtype", "float32,bfloat16", "--json")
     out = json.loads(ragidx("bench", "--model", tiny_models["llama"], "--strategy", "mean,htp", *args).stdout)

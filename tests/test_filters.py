@@ -11,8 +11,8 @@ import pytest
 from ragidx.app import Index
 from ragidx.cli import parse_meta
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.filters import Filters
-from ragidx.indexer.fusion import Fusion
+from ragidx.indexer.search.fusion import Fusion
+from ragidx.indexer.storage.filters import Filters
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def expected_ids(index: Index, keep) -> list[int]:
 
 def full_ranking(index: Index, query: str, mode: str) -> list[int]:
     """The unfiltered ranking of every chunk (dense) or every matching chunk (lexical)."""
-    return [h.chunk_id for h in index.search(query, k=10_000, mode=mode)]
+    return [h.chunk_id for h in index.search(query, k=1000, mode=mode)]
 
 
 def has_meta(row: dict, key: str, value: str) -> bool:

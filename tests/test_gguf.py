@@ -14,9 +14,15 @@ import numpy as np
 import pytest
 from test_cli import assert_one_line_error, ragidx
 
-from ragidx.indexer import models
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.models import GgufFile, ModelSource, PackagedModel, canonical_model_id, resolve_model
+from ragidx.indexer.model import sources as models
+from ragidx.indexer.model.sources import (
+    GgufFile,
+    ModelSource,
+    PackagedModel,
+    canonical_model_id,
+    resolve_model,
+)
 
 
 def write_gguf(path: Path, architecture: str = "llama", dtype: type = np.float32) -> Path:

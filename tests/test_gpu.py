@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragidx.indexer.vector_index import VectorIndexSettings, new_vector_index
+from ragidx.indexer.storage.vector_index import VectorIndexSettings, new_vector_index
 
 
 def faiss_gpus() -> int:
@@ -36,7 +36,7 @@ def test_exact_search_on_the_gpu_equals_the_cpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_the_model_on_cuda_gives_the_cpu_vectors(tiny_models):
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     texts = ["The lighthouse keeper trimmed the wick.", "Compost needs air and water."]

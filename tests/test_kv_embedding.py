@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_models import DECODERS, save_tiny_model
 
-from ragidx.indexer.runtime import ModelRuntime
+from ragidx.indexer.model.runtime import ModelRuntime
 from ragidx.indexer.strategies import create_strategy
 from ragidx.indexer.strategies.base import render
 from ragidx.indexer.strategies.kv_embedding import KV_DOCUMENT_TEMPLATE, KV_QUERY_TEMPLATE
@@ -28,7 +28,7 @@ def mha_llama(tmp_path_factory, tiny_models):
     """A Llama with as many KV heads as query heads (plain multi-head attention), loaded by ragidx."""
     from tiny_models import train_tokenizer
 
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
 
     folder = tmp_path_factory.mktemp("mha") / "llama"
     save_tiny_model("llama", folder, train_tokenizer(), seed=3, overrides={"num_key_value_heads": 4})
@@ -151,7 +151,7 @@ def test_attention_at_each_layer_equals_an_independent_computation(arch, padding
     strategy = create_strategy("kv-embedding", runtime, layers="2,4")
     stores, real = recorded_attention(strategy, TEXTS, padding_side)
     for layer, store in stores.items():
-        bias = strategy.options.kv_bias if layer in strategy.options.layers else None
+        bias = strategy.options.kv_bias if layer in strategy.layers else None
         expected = recomputed(runtime, layer, store, real, bias)
         torch.testing.assert_close(store["output"][real], expected[real], atol=2e-5, rtol=1e-4)
 
@@ -235,10 +235,10 @@ def test_layer_set_sources(runtimes):
     assert paper_layers(qwen3_4b, PAPER_LAYER_SETS) == (list(range(12, 22)), "paper (Qwen3-4B)")
     assert paper_layers(Qwen3Config(), PAPER_LAYER_SETS) is None
     strategy = create_strategy("kv-embedding", runtimes["llama"])
-    assert strategy.options.layers == [2, 3, 4]  # round(0.35·6) .. round(0.6·6), nothing cached
+    assert strategy.layers == [2, 3, 4]  # round(0.35·6) .. round(0.6·6), nothing cached
     assert strategy.layer_source.startswith("fallback")
     given = create_strategy("kv-embedding", runtimes["llama"], layers="1,5")
-    assert (given.options.layers, given.layer_source, given.params["kv_bias"]) == ([1, 5], "--layers", 1.0)
+    assert (given.layers, given.layer_source, given.params["kv_bias"]) == ([1, 5], "--layers", 1.0)
 
 
 def test_bad_options_are_refused(runtimes):

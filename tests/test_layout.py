@@ -4,13 +4,18 @@ the graph these rules read)."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
-from module_graph import ModuleImports, graph, read_imports
+from module_graph import ROOT, ModuleImports, graph, package_of, read_imports
 
 # Imported inside functions only: heavy on start-up (the model stack, or >= 10 ms each measured
 # with `python -X importtime` on the development machine) or an optional extra that may be absent.
@@ -53,6 +58,45 @@ def test_imports_run_one_way_from_cli_to_app_to_indexer(modules):
     assert not wrong
 
 
+# The engine's flow, ingest -> model -> strategies -> storage -> search -> build: what each package may
+# import besides itself ("indexer" is the shared modules at its top: errors, wording, faults, cache,
+# progress). Storage never reads search or build, search never reads build, and nothing but build
+# reads the strategies' choices or a build's settings.
+ENGINE_LAYERS = {
+    "indexer": set(),
+    "indexer.ingest": {"indexer"},
+    "indexer.model": {"indexer"},
+    "indexer.strategies": {"indexer", "indexer.ingest", "indexer.model"},
+    "indexer.storage": {"indexer", "indexer.ingest"},
+    "indexer.search": {"indexer", "indexer.ingest", "indexer.model", "indexer.storage"},
+    "indexer.build": {
+        "indexer",
+        "indexer.ingest",
+        "indexer.model",
+        "indexer.strategies",
+        "indexer.storage",
+        "indexer.search",
+    },
+}
+MAX_TOP_MODULES = 8  # indexer's own modules besides its sub-packages, __init__ included
+
+
+def test_the_engine_is_in_sub_packages_that_import_one_way(modules):
+    packages = {package_of(m.name) for m in modules if layer(m.name) == "indexer"}
+    assert packages == set(ENGINE_LAYERS)
+    wrong = [
+        f"{module.name} imports {target}"
+        for module in modules
+        if layer(module.name) == "indexer"
+        for target in module.top | module.local
+        if layer(target) == "indexer"
+        and package_of(target) not in ENGINE_LAYERS[package_of(module.name)] | {package_of(module.name)}
+    ]
+    assert not wrong
+    top = [m.name for m in modules if package_of(m.name) == "indexer"]
+    assert len(top) <= MAX_TOP_MODULES, top
+
+
 def test_the_cli_reaches_the_engine_only_through_the_app(modules):
     """The commands parse, call ragidx.app (Index, Embedder, catalog, research) and print; of the
     engine they read only the wording helpers they print with."""
@@ -78,12 +122,78 @@ def test_the_graph_reader_sees_each_kind_of_import(tmp_path):
         "from typing import TYPE_CHECKING\n"
         "from ragidx.indexer import errors\n"
         "if TYPE_CHECKING:\n    from ragidx.app import Index\n"
-        "def f():\n    import torch\n    from ragidx.indexer.store import IndexReader\n"
+        "def f():\n    import torch\n    from ragidx.indexer.storage import IndexReader\n"
     )
     found = read_imports(source, tmp_path)
     assert (found.name, found.top, found.local, found.local_third_party) == (
         "indexer.example",
         {"indexer"},
-        {"indexer.store"},
+        {"indexer.storage"},
         {"torch"},
     )
+
+
+def test_the_wheel_ships_and_imports_every_package(tmp_path):
+    """pyproject lists the packages by hand (the checkout's root is the ``ragidx`` package): a
+    sub-package left out of that list would be missing from every install but an editable one."""
+    source = tmp_path / "source"  # a copy: an in-tree build would leave build/ in the checkout
+
+    def left_out(folder: str, names: list[str]) -> set[str]:
+        at_root = Path(folder) == ROOT
+        return {
+            name
+            for name in names
+            if name.startswith(".")
+            or name == "__pycache__"
+            or (at_root and name in ("tests", "build", "dist"))
+        }
+
+    shutil.copytree(ROOT, source, ignore=left_out)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            tmp_path,
+            source,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    site = tmp_path / "site"
+    with zipfile.ZipFile(next(tmp_path.glob("ragidx-*.whl"))) as wheel:
+        shipped = set(wheel.namelist())
+        wheel.extractall(site)
+    sources = [
+        ROOT / "cli.py",
+        *(path for folder in ("app", "indexer") for path in (ROOT / folder).rglob("*.py")),
+    ]
+    expected = {"ragidx/" + path.relative_to(ROOT).as_posix() for path in sources}
+    assert not expected - shipped
+    packages = sorted({f"ragidx.{package_of(module.name)}" for module in graph()})
+    script = (
+        "import importlib, sys\n"
+        f"for name in {packages!r}:\n"
+        "    module = importlib.import_module(name)\n"
+        f"    assert module.__file__.startswith({str(site)!r}), module.__file__\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)}
+    )
+
+
+def test_only_the_storage_package_knows_which_vector_store_an_index_uses():
+    """Stores are reached through indexer/storage/vector_store.py's protocols and the factory in
+    stores.py (mypy checks that both stores implement them): no code outside storage names one."""
+    named = re.compile(
+        r"MilvusLocation|isinstance\(.*Milvus|SegmentStore"
+        r"|storage\.(segment_store|segments|milvus)\b|\"kind\"\] =="
+    )
+    outside = [ROOT / "cli.py", *(ROOT / "app").rglob("*.py")]
+    outside += [path for path in (ROOT / "indexer").rglob("*.py") if "storage" not in path.parts]
+    assert not [str(path) for path in outside if named.search(path.read_text(encoding="utf-8"))]

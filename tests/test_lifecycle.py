@@ -103,7 +103,7 @@ def test_incremental_build_embeds_only_what_changed(workspace, tiny_models, tmp_
 
 
 def test_an_incremental_build_embeds_in_the_dtype_the_index_was_built_in(corpus, tiny_models, tmp_path):
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     model, index = tiny_models["qwen2"], tmp_path / "index"
@@ -129,18 +129,18 @@ def test_a_build_streams_groups_and_skips_files_unreadable_on_the_second_read(
 ):
     """Groups of 2 chunks go to the store one at a time and give the same vectors as the fixture's
     one-process build; a file that cannot be read again after the scan is skipped and reported."""
-    from ragidx.indexer import pipeline
-    from ragidx.indexer.settings import build_options
-    from ragidx.indexer.sources import SkippedFile
+    from ragidx.indexer.build import embedding, pipeline
+    from ragidx.indexer.build.settings import build_options
+    from ragidx.indexer.ingest.sources import SkippedFile
 
     monkeypatch.setattr(pipeline, "EMBED_SLICE", 2)
-    reread = pipeline.read_document
+    reread = embedding.read_document
     lost = built / "corpus" / "notes" / "tides.md"
 
     def read_again(path: Path):
         return SkippedFile(str(path), "unreadable: gone") if path == lost else reread(path)
 
-    monkeypatch.setattr(pipeline, "read_document", read_again)
+    monkeypatch.setattr(embedding, "read_document", read_again)
     options = build_options(tmp_path / "index", model=str(tiny_models["qwen2"]), progress=False)
     report = pipeline.build([built / "corpus"], options)
     assert report.skipped == [SkippedFile(str(lost), "unreadable: gone")] and report.total_documents == 12
@@ -194,7 +194,7 @@ def test_rm_removes_documents_from_every_search(workspace):
 
 def live_vectors(index: Path) -> dict[int, np.ndarray]:
     """Chunk id -> stored vector of every chunk, through the index's own reader."""
-    from ragidx.indexer.store import IndexReader
+    from ragidx.indexer.storage import IndexReader
 
     reader = IndexReader(index)
     ids, vectors = reader.load_vectors().live_vectors()
@@ -295,7 +295,7 @@ def search_all(index: Path, queries: list[str]) -> list[list[tuple[int, float]]]
     from ragidx.app import Index
 
     with Index.open(index, device="cpu") as opened:
-        return [[(h.chunk_id, round(h.score, 5)) for h in opened.search(q, 5)] for q in queries]
+        return [[(h.chunk_id, round(h.score, 5)) for h in opened.search(q, k=5)] for q in queries]
 
 
 QUERIES = ["keeping ships off the rocks", "compost heap smells", "password reset link"]

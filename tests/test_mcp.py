@@ -13,7 +13,7 @@ from test_cli import RAGIDX, child_env, ragidx
 from test_documents import KELP, LAGOONS, TIDES, write_pdf
 
 from ragidx.app import Index
-from ragidx.indexer.sources import read_document
+from ragidx.indexer.ingest.sources import read_document
 
 mcp = pytest.importorskip("mcp")
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
@@ -57,7 +57,9 @@ def test_tools_answer_as_the_python_api_does(mcp_index):
 
     async def script(client) -> dict:
         tools = await client.list_tools()
-        found = structured(await client.call_tool("search", {"query": query, "k": 3, "mode": "lexical"}))
+        found = structured(
+            await client.call_tool("search", {"query": query, "k": 3, "mode": "lexical", "explain": True})
+        )
         hit = found["hits"][0]
         span = {"path": hit["path"], "start": hit["span"][0], "end": hit["span"][1]}
         return {
@@ -72,12 +74,13 @@ def test_tools_answer_as_the_python_api_does(mcp_index):
     assert set(got["tools"]) == {"search", "get_document", "status"}
     assert got["tools"]["search"].annotations.read_only_hint
     with Index.open(mcp_index) as opened:  # the same search through the Python API, in this process
-        expected = opened.search(query, k=3, mode="lexical")
+        expected = opened.search(query, k=3, mode="lexical", explain=True)
         info = opened.info()
     hits = got["found"]["hits"]
     assert [(h["path"], h["span"], h["score"]) for h in hits] == [
         (h.path, list(h.span), pytest.approx(h.score)) for h in expected
     ]
+    assert [h["explain"] for h in hits] == [h.to_dict()["explain"] for h in expected]
     top = hits[0]
     assert Path(top["path"]).name == "tides.pdf" and top["page"] == 2 and KELP in top["text"]
     assert got["slice"]["text"] == top["text"] and got["slice"]["pages"] == [2]

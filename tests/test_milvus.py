@@ -40,7 +40,8 @@ def answers(index: Path, path: str | None = None) -> Answers:
     with Index.open(index, device="cpu") as opened:
         return {
             mode: [
-                [(h.chunk_id, round(h.score, 4)) for h in opened.search(q, 5, mode, filters)] for q in QUERIES
+                [(h.chunk_id, round(h.score, 4)) for h in opened.search(q, k=5, mode=mode, filters=filters)]
+                for q in QUERIES
             ]
             for mode in MODES
         }
@@ -102,7 +103,7 @@ def test_milvus_answers_as_local_segments_do_through_updates(corpus, in_milvus, 
     assert answers(in_milvus, "*/faq/*") == answers(in_segments, "*/faq/*")
     rows = collection_rows(in_milvus)
     with Index.open(in_milvus, device="cpu") as opened:
-        hit = opened.search("tides", 1, "lexical")[0]
+        hit = opened.search("tides", k=1, mode="lexical")[0]
     row = rows[hit.chunk_id]
     assert (row["path"], row["text"]) == (hit.path, hit.text) and len(row["vector"]) == 64
     (corpus / "faq" / "shipping.txt").write_text("Parcels ship within two days by bicycle courier.\n")
@@ -115,7 +116,7 @@ def test_milvus_answers_as_local_segments_do_through_updates(corpus, in_milvus, 
             opened.remove([corpus / "faq" / "warranty.md"])
     assert answers(in_milvus) == answers(in_segments)
     with Index.open(in_milvus, device="cpu") as opened:
-        live = {hit.chunk_id for hit in opened.search("x", 1000, "dense")}
+        live = {hit.chunk_id for hit in opened.search("x", k=1000, mode="dense")}
         info = opened.info()
     assert sorted(collection_rows(in_milvus)) == sorted(live)  # the deletions were made
     assert info["generation"] == 3 and info["store"]["collection"] == "ragidx" and info["segments"] == []
@@ -192,7 +193,7 @@ def test_bad_milvus_input_is_one_line_and_keeps_the_index(corpus, in_segments, t
         RagidxError, match="keeps its vectors in local segments; pass --rebuild to move them to Milvus"
     ):
         update(corpus, in_segments, tiny_models["qwen2"], store="milvus")
-    with pytest.raises(RagidxError, match="need --store milvus"):
+    with pytest.raises(RagidxError, match="--milvus-uri needs --store milvus"):
         update(corpus, in_segments, tiny_models["qwen2"], store="local", milvus_uri="x.db")
     assert meta(in_segments, "generation") == 1 and problems(in_segments) == []
 
@@ -268,5 +269,5 @@ def test_a_milvus_server_answers_queries_while_a_build_writes(milvus_server, cor
     # ties or round differently as its rows move from memory to segments).
     assert set(seen) <= {hit_sets(before), hit_sets(answers(index))} and hit_sets(before) in seen
     with Index.open(index, device="cpu") as opened:
-        paths = {hit.path.split("/")[-2] for hit in opened.search("tides", 50, "lexical")}
+        paths = {hit.path.split("/")[-2] for hit in opened.search("tides", k=50, mode="lexical")}
     assert paths >= {"notes", "more0", "more1", "more2"} and problems(index) == []

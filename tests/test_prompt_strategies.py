@@ -120,7 +120,7 @@ def test_nr_keeps_the_norm_of_the_intervened_vector(runtimes):
     np.testing.assert_allclose(intervene(a, b, "nr", 0.5).norm(dim=-1), a.norm(dim=-1), rtol=1e-5)
     runtime = runtimes["qwen3"]
     strategy = create_strategy("cp", runtime, cp_mode="nr")
-    o_proj = runtime.arch.attention(strategy.options.cp_layer).o_proj
+    o_proj = runtime.arch.attention(strategy.cp_layer).o_proj
     before, after = [], []
     first = o_proj.register_forward_pre_hook(lambda m, args: before.append(args[0][0, -1].clone()))
     second = o_proj.register_forward_hook(lambda m, args, out: after.append(args[0][0, -1].clone()))
@@ -166,9 +166,9 @@ def test_cp_defaults_follow_the_code(runtimes):
     assert default_settings(LlamaConfig(num_hidden_layers=28))[0] == (4, 0.5, 23)
     strategy = create_strategy("cp", runtimes["llama"])
     assert (
-        strategy.options.cp_layer,
-        strategy.options.cp_alpha,
-        strategy.options.output_layer,
+        strategy.cp_layer,
+        strategy.cp_alpha,
+        strategy.output_layer,
         strategy.options.cp_mode,
     ) == (
         1,

@@ -21,7 +21,7 @@ from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 from test_real_model import EVAL_DATA
 from test_traced_readout import eager_vector
 
-from ragidx.indexer.models import PACKAGED_MODELS
+from ragidx.indexer.model.sources import PACKAGED_MODELS
 
 pytestmark = pytest.mark.real
 
@@ -64,7 +64,7 @@ def installed(name: str) -> str:
 @pytest.fixture(scope="session", params=REAL_DECODERS)
 def real_runtime(request):
     """Each real decoder converted once into the session's cache and loaded in float32."""
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
 
     return load_runtime(installed(request.param), device="cpu", dtype="float32")
 
@@ -72,14 +72,14 @@ def real_runtime(request):
 @pytest.fixture(scope="session")
 def bfloat16_runtime(real_runtime):
     """The same model in bfloat16 (the same converted weights, rounded on load)."""
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
 
     return load_runtime(real_runtime.model_id, device="cpu", dtype="bfloat16")
 
 
 @pytest.fixture(scope="session")
 def sample_documents():
-    from ragidx.indexer.sources import SourceDocument, read_document, scan
+    from ragidx.indexer.ingest.sources import SourceDocument, read_document, scan
 
     found = scan([SAMPLE_CORPUS], keep_text=False).documents
     return [doc for doc in (read_document(Path(d.path)) for d in found) if isinstance(doc, SourceDocument)]
@@ -97,7 +97,7 @@ def test_every_strategy_finds_the_source_documents_of_the_probes(
 ):
     """Dense search over the sample corpus's chunks, documents ranked by their best chunk, in the
     dtype ``--dtype auto`` may choose; bf16 vectors within cosine 0.999 of float32 ones."""
-    from ragidx.indexer.chunking import Chunker
+    from ragidx.indexer.ingest.chunking import Chunker
     from ragidx.indexer.strategies import create_strategy, default_strategy, strategy_class
 
     if real_runtime.arch.model_type.startswith("gemma") and name not in GEMMA_STRATEGIES:
@@ -147,7 +147,7 @@ def test_prompteol_reaches_the_sts_floor_that_random_weights_cannot(real_runtime
     from transformers import AutoModel
 
     from ragidx.app.research.evaluation import evaluate_sts, load_sts
-    from ragidx.indexer.runtime import ModelRuntime
+    from ragidx.indexer.model.runtime import ModelRuntime
     from ragidx.indexer.strategies import create_strategy
 
     if not STSB_DEV.is_file():
@@ -168,8 +168,8 @@ def test_the_converted_cache_equals_reading_the_gguf_directly():
     import torch
     from transformers import AutoModel
 
-    from ragidx.indexer.models import resolve_model
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
+    from ragidx.indexer.model.sources import resolve_model
 
     source = resolve_model(installed("smollm2"))
     runtime = load_runtime(source, device="cpu", dtype="float32")

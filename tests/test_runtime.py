@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.runtime import load_runtime, plan_batches, resolve_device, resolve_dtype
+from ragidx.indexer.model.runtime import load_runtime, plan_batches, resolve_device, resolve_dtype
 from ragidx.indexer.strategies.paper_models import GEMMA3_270M, SMOLLM2_135M
 
 
@@ -100,7 +100,7 @@ SHAPE = SimpleNamespace(hidden_size=576, intermediate_size=1536)
 @pytest.fixture
 def probes(monkeypatch, tmp_path):
     """Count the timing probes and let each test say what they measure; a private cache folder."""
-    from ragidx.indexer import precision
+    from ragidx.indexer.model import precision
 
     monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(precision, "cpu_has_bfloat16_instructions", lambda: True)
@@ -151,7 +151,7 @@ def test_a_damaged_precision_cache_is_measured_again(probes):
 
 
 def test_the_precision_probe_times_a_real_product():
-    from ragidx.indexer.precision import linear_flops_per_second
+    from ragidx.indexer.model.precision import linear_flops_per_second
 
     rate = linear_flops_per_second(torch.float32, 64, 128, tokens=32, seconds=0.05)
     assert 1e6 < rate < 1e14  # FLOP/s, not seconds or GFLOP/s
@@ -195,7 +195,7 @@ def test_bf16_linears_on_cpu_are_packed_once_and_compute_exactly_the_same(tiny_m
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
         ).last_hidden_state
     torch.testing.assert_close(runtime.forward(batch), expected, rtol=0, atol=0)
-    from ragidx.indexer.packed_linear import unpacked
+    from ragidx.indexer.model.packed_linear import unpacked
 
     with unpacked(runtime.model):  # what bench's hand-written anchor runs
         assert not any("forward" in vars(m) for m in linears)

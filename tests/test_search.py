@@ -11,12 +11,12 @@ from test_lifecycle import segment_vectors
 
 from ragidx.app import Index
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.fusion import Fusion
+from ragidx.indexer.search.fusion import Fusion
 
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, tiny_models, sample_corpus):
-    from ragidx.indexer.pipeline import BuildOptions, build
+    from ragidx.indexer.build.pipeline import BuildOptions, build
 
     folder = tmp_path_factory.mktemp("search") / "index"
     build(
@@ -179,7 +179,7 @@ def test_weights_are_refused_outside_hybrid(index):
         index.search("refund", mode="dense", weights={"dense": 1.0})
     with pytest.raises(RagidxError, match="apply to hybrid search"):
         index.search("refund", mode="lexical", fusion="minmax")
-    with pytest.raises(RagidxError, match="unknown fusion method"):
+    with pytest.raises(RagidxError, match="unknown fusion 'zscore': choose one of rrf, minmax"):
         index.search("refund", fusion="zscore")
 
 
@@ -201,8 +201,18 @@ def test_punctuation_only_query_falls_back_to_dense_in_hybrid(index):
 def test_bad_mode_and_k_are_refused(index):
     with pytest.raises(RagidxError, match="unknown mode"):
         index.search("x", mode="sparse")
-    with pytest.raises(RagidxError, match="k must be"):
+    with pytest.raises(RagidxError, match="k must be at least 1, got 0"):
         index.search("x", k=0)
+    with pytest.raises(RagidxError, match="k must be at most 1000, got 100000000000000000000"):
+        index.search("x", k=10**20)
+    with pytest.raises(RagidxError, match="k needs a whole number, got True"):
+        index.search("x", k=True)
+    with pytest.raises(RagidxError, match="min_score needs a finite number, got nan"):
+        index.search("x", min_score=float("nan"))
+    with pytest.raises(RagidxError, match="unknown search option 'top_k'"):
+        index.search("x", top_k=3)
+    with pytest.raises(RagidxError, match="keywords"):
+        index.search("x", 5)
 
 
 def test_stop_words_do_not_outvote_content_words(index):
@@ -225,7 +235,7 @@ CJK_DOCUMENTS = {
 
 
 def test_text_written_without_spaces_is_searchable(tmp_path, tiny_models):
-    from ragidx.indexer.maintenance import check, remove
+    from ragidx.indexer.build.maintenance import check, remove
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -249,3 +259,42 @@ def test_text_written_without_spaces_is_searchable(tmp_path, tiny_models):
 def test_a_query_that_is_not_valid_unicode_is_refused_in_one_line(index):
     with pytest.raises(RagidxError, match="not valid Unicode"):
         index.search("\ud800 tides", mode="lexical")
+
+
+def test_explain_gives_each_lists_rank_and_score_and_the_fused_score(index):
+    """Against the independent rankings: each hit's place and score in the dense and the lexical
+    list, and its fused score as the weighted sum of 1/(60 + rank) over the lists it is in."""
+    query = "How long does shipping take for a refund?"
+    lexical = independent_lexical(index, ["long", "shipping", "refund"])
+    dense = independent_dense(index, query)
+    weights = {"dense": 0.3, "lexical": 0.7}
+    hits = index.search(query, k=8, weights=weights, fusion="rrf", explain=True)
+    plain = index.search(query, k=8, weights=weights, fusion="rrf")
+    assert [(h.chunk_id, h.score) for h in hits] == [(h.chunk_id, h.score) for h in plain]
+    assert all(h.explain is None for h in plain) and "explain" not in plain[0].to_dict()
+    listed = {
+        "dense": {i: (rank, s) for rank, (i, s) in enumerate(dense, start=1)},
+        "lexical": {i: (rank, s) for rank, (i, s) in enumerate(lexical, start=1)},
+    }
+    for hit in hits:
+        why = hit.explain
+        assert why is not None and why.fusion == "rrf" and why.weights == weights
+        fused = 0.0
+        for name, found in (("dense", why.dense), ("lexical", why.lexical)):
+            expected = listed[name].get(hit.chunk_id)
+            if expected is None:
+                assert found is None
+                continue
+            assert found is not None and found.rank == expected[0]
+            assert found.score == pytest.approx(expected[1], abs=1e-5)
+            fused += weights[name] / (60 + expected[0])
+        assert why.fused == pytest.approx(fused) == pytest.approx(hit.score)
+        shown = hit.to_dict()["explain"]
+        assert shown["fused"] == why.fused and shown["dense"] == (
+            {"rank": why.dense.rank, "score": why.dense.score} if why.dense else None
+        )
+    lexical_only = index.search(query, k=3, mode="lexical", explain=True)
+    assert all(h.explain.dense is None and h.explain.fused is None for h in lexical_only)
+    assert lexical_only and [h.explain.lexical.rank for h in lexical_only] == [
+        rank for rank, _ in enumerate(lexical_only, start=1)
+    ]

@@ -13,15 +13,15 @@ import pytest
 from test_lifecycle import segment_vectors
 from test_store import record, vectors
 
-from ragidx.indexer.segments import (
+from ragidx.indexer.storage import IndexReader, IndexWriter
+from ragidx.indexer.storage.segments import (
     DELETED_FRACTION,
     MERGE_SIZE_RATIO,
     Segment,
     SegmentUnreadable,
     plan_merge,
 )
-from ragidx.indexer.store import IndexReader, IndexWriter
-from ragidx.indexer.vector_index import VectorIndexSettings
+from ragidx.indexer.storage.vector_index import VectorIndexSettings
 
 AUTO = VectorIndexSettings()
 META = {"model": "m", "strategy": "mean", "strategy_params": {}, "dimension": 8}
@@ -112,7 +112,7 @@ def test_updates_add_segments_that_search_as_one_exact_index(tmp_path):
     np.testing.assert_array_equal(found, exact(ids[rows], stored[rows], queries, 7))
     _, everything = loaded.search(queries, 1000)
     assert sorted(everything[0].tolist()) == ids.tolist()  # deleted vectors never come back
-    rows = reader.segment_rows()
+    rows = reader.vector_parts()
     lives = [row["vectors"] - row["deleted"] for row in rows]
     assert sorted(row["file"] for row in rows) == files and lives == sorted(lives, reverse=True)
     reader.close()
@@ -159,11 +159,13 @@ def test_a_merge_runs_while_the_build_embeds_and_deletions_made_meanwhile_stick(
     with IndexWriter(tmp_path) as writer:
         documents = {path: doc_id for path, (doc_id, _) in writer.documents().items()}
         with writer.next_generation([documents["/docs/b"]]) as pending:
-            assert sorted(s.file for s in pending.merge.plan.sources) == [
+            assert sorted(s.file for s in pending.vectors_write.merge.plan.sources) == [
                 "vectors-2.faiss",
                 "vectors-3.faiss",
             ]
-            merged = pending.merge.result()  # finished before the build adds anything or commits
+            merged = (
+                pending.vectors_write.merge.result()
+            )  # finished before the build adds anything or commits
             assert (tmp_path / "vectors-4-merged.faiss").is_file() and len(merged.ids) == 6
             pending.add([record("d", ["y"])], vectors(1, 3))
             committed = pending.commit(META)
@@ -182,7 +184,7 @@ def test_a_build_that_fails_leaves_no_merge_behind(tmp_path):
     write(tmp_path, [record("b", ["x"] * 3)], vectors(3, 1))
     write(tmp_path, [record("c", ["x"] * 3)], vectors(3, 2))
     with pytest.raises(ValueError), IndexWriter(tmp_path) as writer, writer.next_generation() as pending:
-        assert pending.merge is not None
+        assert pending.vectors_write.merge is not None
         pending.add([record("d", ["y"])], vectors(2, 3))  # two vectors for one chunk
     assert sorted(p.name for p in tmp_path.glob("vectors-*")) == [f"vectors-{g}.faiss" for g in (1, 2, 3)]
     (tmp_path / "vectors-2.faiss").write_bytes(b"damaged")
@@ -205,7 +207,7 @@ def test_an_index_from_before_segments_is_read_then_upgraded(tmp_path):
         db.execute("insert into tombstones values (2)")  # 1 of 8: below the rewrite share
         db.execute("delete from chunks where id = 2")
     reader = IndexReader(tmp_path)
-    assert [(r["file"], r["vectors"], r["deleted"]) for r in reader.segment_rows()] == [
+    assert [(r["file"], r["vectors"], r["deleted"]) for r in reader.vector_parts()] == [
         ("vectors-1.faiss", 8, 1)
     ]
     found = reader.load_vectors().search(vectors(8, 0), 8)[1]

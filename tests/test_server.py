@@ -52,6 +52,13 @@ def response_result(response) -> list[tuple[int, float]]:
     return [(h["chunk_id"], round(h["score"], 6)) for h in response.json()["hits"]]
 
 
+def test_search_explains_each_hit_as_the_python_api_does(client, index):
+    response = client.post("/search", json={"query": "compost", "k": 3, "explain": True})
+    expected = [hit.to_dict()["explain"] for hit in index.search("compost", k=3, explain=True)]
+    assert [hit["explain"] for hit in response.json()["hits"]] == expected and expected[0]["fusion"]
+    assert "explain" not in client.post("/search", json={"query": "compost", "k": 1}).json()["hits"][0]
+
+
 def test_health_and_info(client, index):
     assert client.get("/health").json() == {"status": "ok", "generation": index.meta["generation"]}
     info = client.get("/info").json()
@@ -117,7 +124,7 @@ def test_search_and_embed_answer_as_the_python_api(client, index):
         ("/search", {"query": "x", "filters": {"path": "../../etc/passwd"}}, None),
         ("/embed", {"texts": []}, "texts: List should have at least 1 item"),
         ("/embed", {"texts": [1, 2]}, "texts.0: Input should be a valid string"),
-        ("/embed", {"texts": ["x"], "role": "doc"}, "role: Input should be 'query' or 'document'"),
+        ("/embed", {"texts": ["x"], "role": "doc"}, "role: Input should be 'document' or 'query'"),
     ],
 )
 def test_invalid_requests_get_422_with_a_message(client, path, body, message):
@@ -134,7 +141,7 @@ def test_invalid_requests_get_422_with_a_message(client, path, body, message):
     [
         (b'{"query": "x", "min_score": NaN}', "min_score: Input should be a finite number"),
         (b'{"query": "x", "min_score": 1e400}', "min_score: Input should be a finite number"),
-        (b'{"query": "x", "k": 1e400}', "k: Input should be a finite number"),
+        (b'{"query": "x", "k": 1e400}', "k: Input should be a valid integer"),
         (b'{"query": "x", "weights": {"dense": Infinity}}', "weights.dense: Input should be a finite"),
         (b'{"query": "x", "filters": {"meta": {"year": NaN}}}', "filters.meta.year"),
         (b'{"query": "\\ud800 tides"}', "query: "),

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.sources import decode_text, html_to_text, read_document, scan, split_front_matter
+from ragidx.indexer.ingest.sources import decode_text, html_to_text, read_document, scan, split_front_matter
 
 
 def test_sample_corpus_reads_every_file(sample_corpus):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ragidx.indexer import store
-from ragidx.indexer.chunking import Chunk
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.sources import SourceDocument
-from ragidx.indexer.store import DocumentRecord, IndexReader, IndexWriter
+from ragidx.indexer.ingest.chunking import Chunk
+from ragidx.indexer.ingest.sources import SourceDocument
+from ragidx.indexer.storage import DocumentRecord, IndexReader, IndexWriter
+from ragidx.indexer.storage import writer as writer_module
 
 
 def record(name: str, texts: list[str]) -> DocumentRecord:
@@ -56,7 +56,7 @@ def test_a_failed_commit_leaves_the_previous_generation(tmp_path, monkeypatch):
     def explode(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(store, "_chunk_row", explode)
+    monkeypatch.setattr(writer_module, "chunk_row", explode)
     with pytest.raises(OSError):
         commit(tmp_path, [record("b", ["z"])], vectors(1, 1))
     monkeypatch.undo()

@@ -13,7 +13,7 @@ import torch
 from tiny_models import DECODERS, save_tiny_model, train_tokenizer
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.runtime import load_runtime
+from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.strategies import create_strategy
 from ragidx.indexer.strategies.token_prepending import default_window
 
@@ -209,7 +209,7 @@ def test_later_sentences_reach_earlier_tokens_only_with_rewiring(arch, runtimes)
     for window, should_differ in (("1-1", False), (None, True)):
         strategy = create_strategy("htp", runtime, rewire=window)
         first_sentence = strategy.prepare([TEXT], "document", None)[0].pooled[:5]
-        exit_layer = strategy.options.exit_layer
+        exit_layer = strategy.exit_layer
         states = [
             layer_inputs(runtime, strategy, text, range(exit_layer, exit_layer + 1)) for text in (TEXT, other)
         ]
@@ -239,7 +239,7 @@ def test_forward_stops_at_the_exit_layer(runtimes):
 
 def test_defaults_follow_the_method(runtimes):
     strategy = create_strategy("htp", runtimes["qwen2"])
-    assert strategy.options.rewire == [1, 2] and strategy.options.exit_layer == 4
+    assert strategy.rewire == (1, 2) and strategy.exit_layer == 4
     assert strategy.max_length == 4096  # min(8192, the tiny model's 4,096 positions)
     assert default_window(32) == ((1, 7), "HTP code default for 32-layer models")
     assert default_window(24)[0] == (1, 5) and default_window(28)[0] == (1, 6)
@@ -346,4 +346,4 @@ def test_bad_options_are_refused(runtimes):
             create_strategy("htp", runtime, **options)
     with pytest.raises(RagidxError, match="empty text"):
         create_strategy("htp", runtime).encode(["   "])
-    assert create_strategy("htp", runtime, exit_layer=-3).options.exit_layer == 3
+    assert create_strategy("htp", runtime, exit_layer=-3).exit_layer == 3

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragidx.indexer.runtime import Batch, load_runtime
+from ragidx.indexer.model.runtime import Batch, load_runtime
 from ragidx.indexer.strategies import create_strategy, strategy_class
 from ragidx.indexer.strategies.base import l2_normalise
 from ragidx.indexer.strategies.traced_readout import TracedReadout, longest_traceable

@@ -14,10 +14,17 @@ from test_cli import assert_one_line_error, ragidx
 from test_search import independent_dense, independent_fusion
 
 from ragidx.app import Index
-from ragidx.indexer.fusion import Fusion
-from ragidx.indexer.pipeline import BuildOptions, build
-from ragidx.indexer.store import IndexWriter
-from ragidx.indexer.tuning import DENSE_WEIGHTS, MAX_WORDS, MIN_WORDS, choose_weight, pseudo_queries, tune
+from ragidx.indexer.build.pipeline import BuildOptions, build
+from ragidx.indexer.build.tuning import (
+    DENSE_WEIGHTS,
+    MAX_WORDS,
+    MIN_WORDS,
+    choose_weight,
+    pseudo_queries,
+    tune,
+)
+from ragidx.indexer.search.fusion import Fusion
+from ragidx.indexer.storage import IndexWriter
 
 
 def options(model, folder, **extra) -> BuildOptions:

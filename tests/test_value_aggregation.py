@@ -121,16 +121,16 @@ def expected_vector(arch, plain_models, name, text, template, layers, normalize=
 @pytest.mark.parametrize("name", ["aligned-wva", "wva", "va"])
 def test_matches_attention_recomputed_from_weights(arch, name, runtimes, plain_models):
     strategy = create_strategy(name, runtimes[arch])
-    assert strategy.options.layers == [
+    assert strategy.layers == [
         4,
         5,
     ]  # round(0.65 * 6) .. round(0.85 * 6), or .. 5 (L - 1) for aligned-wva
     for text in TEXTS:
         if name == "va":
-            expected = expected_vector(arch, plain_models, name, text, "{text}", strategy.options.layers)
+            expected = expected_vector(arch, plain_models, name, text, "{text}", strategy.layers)
         else:
             expected = expected_vector(
-                arch, plain_models, name, preprocess_for_prompt(text), FUTUREEOL, strategy.options.layers
+                arch, plain_models, name, preprocess_for_prompt(text), FUTUREEOL, strategy.layers
             )
         np.testing.assert_allclose(strategy.encode([text])[0], expected, atol=1e-4, err_msg=f"{arch} {name}")
 
@@ -236,7 +236,7 @@ def test_gemma_attention_output_before_its_norm_and_older_indexes(arch, runtimes
     assert (after.options.attention_norm, older.options.attention_norm) == ("after", "before")
     text = preprocess_for_prompt(TEXTS[0])
     expected = expected_vector(
-        arch, plain_models, "aligned-wva before norm", text, FUTUREEOL, older.options.layers
+        arch, plain_models, "aligned-wva before norm", text, FUTUREEOL, older.layers
     )
     np.testing.assert_allclose(older.encode([TEXTS[0]])[0], expected, atol=1e-4)
     assert np.abs(older.encode([TEXTS[0]])[0] - after.encode([TEXTS[0]])[0]).max() > 1e-3

@@ -7,9 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ragidx.indexer import vector_index
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.vector_index import VectorIndexSettings, new_vector_index, sized_settings, stored_ids
+from ragidx.indexer.storage import vector_index
+from ragidx.indexer.storage.vector_index import (
+    VectorIndexSettings,
+    new_vector_index,
+    sized_settings,
+    stored_ids,
+)
 
 DIMENSION = 32
 N = 2000

@@ -16,9 +16,9 @@ import pytest
 from test_cli import RAGIDX, child_env
 
 from ragidx.app import Index
-from ragidx.indexer.sources import normal_path
-from ragidx.indexer.store import IndexWriter
-from ragidx.indexer.watch import DocumentFilter, Pending
+from ragidx.indexer.build.watch import DocumentFilter, Pending
+from ragidx.indexer.ingest.sources import normal_path
+from ragidx.indexer.storage import IndexWriter
 
 pytest.importorskip("watchfiles")
 

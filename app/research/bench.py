@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.packed_linear import unpacked
-from ragidx.indexer.precision import best_flops_per_second
-from ragidx.indexer.runtime import resolve_device, resolve_dtype
-from ragidx.indexer.sources import scan
+from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.ingest.sources import scan
+from ragidx.indexer.model.packed_linear import unpacked
+from ragidx.indexer.model.precision import best_flops_per_second
+from ragidx.indexer.model.runtime import resolve_device, resolve_dtype
 from ragidx.indexer.strategies import create_strategy, load_runtime_for, named_or_default
 from ragidx.indexer.strategies.traced_readout import TRACE_AT_CALL
 
 if TYPE_CHECKING:
-    from ragidx.indexer.runtime import ModelRuntime
+    from ragidx.indexer.model.runtime import ModelRuntime
     from ragidx.indexer.strategies import Strategy
 
 PROBE_SIZE = 1024

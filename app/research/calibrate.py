@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.runtime import ModelRuntime
-from ragidx.indexer.sources import scan
+from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.ingest.sources import scan
+from ragidx.indexer.model.runtime import ModelRuntime
 from ragidx.indexer.strategies import load_runtime_for
 from ragidx.indexer.strategies.layer_calibration import (
     MAX_TEXT_TOKENS,
@@ -99,7 +99,11 @@ def calibrate_and_cache(
     with tqdm(
         total=len(texts), desc="calibrating", unit="text", disable=None if progress else True, file=sys.stderr
     ) as bar:
-        calibration = calibrate(runtime, texts, texts_from, bar.update)
+
+        def advance(done: int) -> None:
+            bar.update(done)
+
+        calibration = calibrate(runtime, texts, texts_from, advance)
     path = cache_path(calibration.model_key)
     save_calibration(calibration, path)
     return calibration, path

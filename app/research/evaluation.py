@@ -22,20 +22,21 @@ import numpy as np
 
 from ragidx.app import Index
 from ragidx.app.research.metrics import mean_retrieval_metrics, spearman
+from ragidx.indexer.build.pipeline import build
+from ragidx.indexer.build.settings import build_options
+from ragidx.indexer.build.tuning import TuningReport
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.fusion import Fusion
-from ragidx.indexer.pipeline import build
+from ragidx.indexer.model.runtime import default_model
 from ragidx.indexer.progress import progress as progress_bar
-from ragidx.indexer.runtime import default_model
-from ragidx.indexer.settings import build_options
-from ragidx.indexer.store import index_exists
+from ragidx.indexer.search.fusion import Fusion
+from ragidx.indexer.search.options import MAX_K
+from ragidx.indexer.storage import index_exists
 from ragidx.indexer.strategies import (
     create_strategy,
     load_runtime_for,
     named_or_default,
     strategy_class,
 )
-from ragidx.indexer.tuning import TuningReport
 
 DOCUMENTS_PER_QUERY = 100  # the deepest cut-off any metric reads (Recall@100)
 # Eval modes: the search modes, plus hybrid with fixed equal weights to set beside the tuned ones.
@@ -233,9 +234,11 @@ def rank_documents(index: Any, queries: Sequence[str], mode: str) -> list[list[t
     search_mode, weights = EVAL_MODES[mode]
     counts = index.reader.counts()
     chunks_per_document = counts["chunks"] / max(counts["documents"], 1)
-    depth = math.ceil(DOCUMENTS_PER_QUERY * chunks_per_document) + 10
+    # Enough chunks for 100 documents, within what a search may return (long documents with
+    # many chunks each are ranked from the best MAX_K chunks: Recall@100 is then a lower bound).
+    depth = min(math.ceil(DOCUMENTS_PER_QUERY * chunks_per_document) + 10, MAX_K)
     rankings = []
-    for hits in index.search_many(list(queries), depth, search_mode, weights=weights):
+    for hits in index.search_many(list(queries), k=depth, mode=search_mode, weights=weights):
         best: dict[str, float] = {}
         for hit in hits:
             doc = document_id(hit.path)

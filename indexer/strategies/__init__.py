@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.models import ModelSource
-from ragidx.indexer.runtime import ENCODER_TYPES, ModelRuntime, load_runtime
+from ragidx.indexer.model.runtime import ENCODER_TYPES, ModelRuntime, load_runtime
+from ragidx.indexer.model.sources import ModelSource
 from ragidx.indexer.strategies.base import COMMON_PARAMS, BatchSettings, Role, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.contrastive import ContrastivePrompting

@@ -17,8 +17,8 @@ from ragidx.indexer.strategies.traced_readout import TracedReadout
 if TYPE_CHECKING:
     import torch
 
-    from ragidx.indexer.chunking import Span
-    from ragidx.indexer.runtime import Batch, ModelRuntime
+    from ragidx.indexer.ingest.chunking import Span
+    from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 Role = Literal["document", "query"]
 ROLES: tuple[Role, ...] = ("document", "query")
@@ -97,7 +97,7 @@ class Strategy(ABC):
     decoder_only: ClassVar[bool] = True
     default_document_template: ClassVar[str] = TEXT_SLOT
     default_query_template: ClassVar[str] = TEXT_SLOT
-    preprocess_text: ClassVar[bool] = False
+    preprocess_text: bool = False  # a class's setting, or an instance's where an option decides it
     Options: ClassVar[type[StrategyOptions]] = StrategyOptions
     options: StrategyOptions
     default_max_length: ClassVar[int] = 512
@@ -157,8 +157,14 @@ class Strategy(ABC):
             "document_template": self.document_template,
             "query_template": self.query_template,
             "max_length": self.max_length,
-            **dataclasses.asdict(self.options),
+            **self.resolved_options(),
         }
+
+    def resolved_options(self) -> dict[str, Any]:
+        """The options as stored: those given, with the values the strategy resolved (a layer set
+        it chose, an exit layer counted from the end) in place of what was given; a strategy that
+        resolves any keeps them in typed attributes of its own and overrides this."""
+        return dataclasses.asdict(self.options)
 
     @property
     def notes(self) -> dict[str, Any]:
@@ -173,7 +179,7 @@ class Strategy(ABC):
     def check_role(role: str) -> Role:
         if role not in ROLES:
             raise RagidxError(f"unknown role '{role}': choose document or query")
-        return role  # type: ignore[return-value]
+        return role
 
     def template_for(self, role: Role) -> str:
         return self.document_template if self.check_role(role) == "document" else self.query_template

@@ -11,7 +11,7 @@ from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
 if TYPE_CHECKING:
     import torch
 
-    from ragidx.indexer.runtime import Batch
+    from ragidx.indexer.model.runtime import Batch
 
 
 class MeanPooling(Strategy):

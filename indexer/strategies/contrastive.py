@@ -11,10 +11,9 @@ recovering, NR), and its last token is read at the output layer. Several normal 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import ROLES, PreparedText, Role, Strategy, check_template
@@ -27,8 +26,8 @@ from ragidx.indexer.strategies.prompts import NORMAL_PROMPTS
 if TYPE_CHECKING:
     import torch
 
-    from ragidx.indexer.chunking import Span
-    from ragidx.indexer.runtime import Batch, ModelRuntime
+    from ragidx.indexer.ingest.chunking import Span
+    from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 AUXILIARY_TEMPLATE = 'The irrelevant information of this sentence : "{text}" means in one word:"'
 Mode = Literal["ns", "nr"]
@@ -109,18 +108,27 @@ class ContrastivePrompting(Strategy):
         (layer, alpha, output), self.settings_source = default_settings(runtime.model.config)
         num_layers = runtime.arch.num_layers
         given = options.cp_layer, options.output_layer
-        cp_layer = resolve_layer(layer if given[0] is None else given[0], num_layers, "--cp-layer")
-        output_layer = resolve_layer(output if given[1] is None else given[1], num_layers, "--output-layer")
-        if output_layer < cp_layer:
-            raise RagidxError(f"--output-layer {output_layer} comes before the intervention layer {cp_layer}")
-        self.options = dataclasses.replace(
-            options,
-            normal_templates=templates,
-            aux_prompt=check_template(options.aux_prompt or AUXILIARY_TEMPLATE, "--aux-prompt"),
-            cp_layer=cp_layer,
-            output_layer=output_layer,
-            cp_alpha=float(alpha if options.cp_alpha is None else options.cp_alpha),
+        self.cp_layer = resolve_layer(layer if given[0] is None else given[0], num_layers, "--cp-layer")
+        self.output_layer = resolve_layer(
+            output if given[1] is None else given[1], num_layers, "--output-layer"
         )
+        if self.output_layer < self.cp_layer:
+            raise RagidxError(
+                f"--output-layer {self.output_layer} comes before the intervention layer {self.cp_layer}"
+            )
+        self.templates = templates  # role -> one template per prompt of the set
+        self.aux_prompt = check_template(options.aux_prompt or AUXILIARY_TEMPLATE, "--aux-prompt")
+        self.cp_alpha = float(alpha if options.cp_alpha is None else options.cp_alpha)
+
+    def resolved_options(self) -> dict[str, Any]:
+        return {
+            **super().resolved_options(),
+            "normal_templates": self.templates,
+            "aux_prompt": self.aux_prompt,
+            "cp_layer": self.cp_layer,
+            "output_layer": self.output_layer,
+            "cp_alpha": self.cp_alpha,
+        }
 
     @staticmethod
     def normal_templates(
@@ -153,8 +161,8 @@ class ContrastivePrompting(Strategy):
     def notes(self) -> dict[str, Any]:
         return {
             "settings_source": self.settings_source,
-            "layers_per_text": f"{self.options.cp_layer + 1} (auxiliary) + "
-            f"{len(self.options.normal_templates['document'])} x {self.options.output_layer + 1} (normal)",
+            "layers_per_text": f"{self.cp_layer + 1} (auxiliary) + "
+            f"{len(self.templates['document'])} x {self.output_layer + 1} (normal)",
         }
 
     def prepare(
@@ -163,19 +171,19 @@ class ContrastivePrompting(Strategy):
         prepared: list[PreparedText] = []
         for text in texts:
             before = self.truncated
-            normals = [self.templated_ids(text, template) for template in self.options.normal_templates[role]]
-            auxiliary = self.templated_ids(text, self.options.aux_prompt)
+            normals = [self.templated_ids(text, template) for template in self.templates[role]]
+            auxiliary = self.templated_ids(text, self.aux_prompt)
             self.truncated = before + (self.truncated > before)  # count texts, not prompts
             prepared.append(PromptSet(normals[0], normals, auxiliary))
         return prepared
 
     def o_proj(self) -> torch.nn.Module:
-        return self.runtime.arch.attention(self.options.cp_layer).o_proj
+        return cast("torch.nn.Module", self.runtime.arch.attention(self.cp_layer).o_proj)
 
     def auxiliary_vectors(self, batch: Batch) -> torch.Tensor:
         """B: the auxiliary prompt's o_proj input at layer l, last real token; layers past l never run."""
         with self.runtime.capture(self.o_proj(), lambda x: last_real_token(x, batch), inputs=True) as seen:
-            self.runtime.forward(batch, stop_after=self.options.cp_layer)
+            self.runtime.forward(batch, stop_after=self.cp_layer)
         return seen[0]
 
     def contrasted_readout(self, batch: Batch, auxiliary: torch.Tensor) -> torch.Tensor:
@@ -188,17 +196,17 @@ class ContrastivePrompting(Strategy):
             states = args[0].clone()
             original = states[rows, last]
             states[rows, last] = intervene(
-                original, auxiliary.to(original.dtype), self.options.cp_mode, self.options.cp_alpha
+                original, auxiliary.to(original.dtype), self.options.cp_mode, self.cp_alpha
             )
             return (states, *args[1:])
 
-        layer = self.runtime.arch.layers[self.options.output_layer]
+        layer = self.runtime.arch.layers[self.output_layer]
         with contextlib.ExitStack() as stack:
             stack.callback(self.o_proj().register_forward_pre_hook(replace).remove)
             seen = stack.enter_context(
                 self.runtime.capture(layer, lambda states: last_real_token(states, batch))
             )
-            self.runtime.forward(batch, stop_after=self.options.output_layer)
+            self.runtime.forward(batch, stop_after=self.output_layer)
         return seen[0]
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:

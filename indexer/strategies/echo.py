@@ -20,8 +20,8 @@ from ragidx.indexer.strategies.token_templates import tokenize_template
 if TYPE_CHECKING:
     import torch
 
-    from ragidx.indexer.chunking import Span
-    from ragidx.indexer.runtime import Batch, ModelRuntime
+    from ragidx.indexer.ingest.chunking import Span
+    from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 ECHO_DOCUMENT_TEMPLATE = "Document:{text}\nDocument again:{text}"
 ECHO_QUERY_TEMPLATE = "Instruct: {instruction}\nQuery:{text}\nQuery again:{text}"
@@ -53,10 +53,9 @@ class Echo(Strategy):
         **common: Any,
     ):
         given = options or self.Options()
-        options = dataclasses.replace(given, query_instruction=given.query_instruction or DEFAULT_INSTRUCTION)
-        template = (query_template or ECHO_QUERY_TEMPLATE).replace(
-            INSTRUCTION_SLOT, options.query_instruction
-        )
+        instruction = given.query_instruction or DEFAULT_INSTRUCTION
+        options = dataclasses.replace(given, query_instruction=instruction)
+        template = (query_template or ECHO_QUERY_TEMPLATE).replace(INSTRUCTION_SLOT, instruction)
         super().__init__(runtime, options, query_template=template, **common)
         self.token_templates = {
             role: tokenize_template(runtime.tokenizer, self.template_for(role)) for role in ROLES

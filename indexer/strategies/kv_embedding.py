@@ -7,7 +7,6 @@ in one forward pass. The vector is ½·(last token + mean over tokens) of the fi
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
 if TYPE_CHECKING:
     import torch
 
-    from ragidx.indexer.runtime import Batch, ModelRuntime
+    from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 KV_DOCUMENT_TEMPLATE = "Context: {text} Compress the Context in one word:"
 KV_QUERY_TEMPLATE = "Query: {text} Compress the Query in one word:"
@@ -81,18 +80,20 @@ class KVEmbedding(Strategy):
         super().__init__(runtime, options, **common)
         if math.isnan(options.kv_bias) or options.kv_bias == math.inf:
             raise RagidxError(f"--kv-bias must be a number or -inf (no re-routing), got {options.kv_bias}")
+        self.layers: list[int]  # S, resolved
         if options.layers is None:
-            layers, self.layer_source = default_layer_set(runtime)
+            self.layers, self.layer_source = default_layer_set(runtime)
         else:
-            layers, self.layer_source = parse_layers(options.layers, runtime.arch.num_layers), "--layers"
-        self.options = dataclasses.replace(options, layers=layers)
+            self.layers, self.layer_source = parse_layers(options.layers, runtime.arch.num_layers), "--layers"
+
+    def resolved_options(self) -> dict[str, Any]:
+        return {**super().resolved_options(), "layers": self.layers}
 
     @property
     def notes(self) -> dict[str, Any]:
         return {"layer_source": self.layer_source}
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
-
-        with reroute(self.runtime, self.options.layers, self.options.kv_bias, batch.last_positions):
+        with reroute(self.runtime, self.layers, self.options.kv_bias, batch.last_positions):
             states = self.runtime.forward(batch)
         return 0.5 * (last_real_token(states, batch) + masked_mean(states, batch.attention_mask))

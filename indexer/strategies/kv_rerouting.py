@@ -14,7 +14,7 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ragidx.indexer.errors import RagidxError
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ragidx.indexer.runtime import ModelRuntime
+    from ragidx.indexer.model.runtime import ModelRuntime
 
 BASE_IMPLEMENTATIONS = ("sdpa", "eager")
 WRAPPER_PREFIX = "ragidx-kv-reroute-"
@@ -65,7 +65,7 @@ def _wrapper_for(base: str) -> Any:
                 key,
                 value,
                 attention_mask,
-                scaling=module.head_dim**-0.5 if scaling is None else scaling,
+                scaling=cast(int, module.head_dim) ** -0.5 if scaling is None else scaling,
                 softcap=kwargs.get("softcap"),
                 rerouting=rerouting,
             ),

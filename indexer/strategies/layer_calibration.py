@@ -26,7 +26,9 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.pooling import masked_mean
 
 if TYPE_CHECKING:
-    from ragidx.indexer.runtime import ModelRuntime
+    import torch
+
+    from ragidx.indexer.model.runtime import ModelRuntime
 
 DISCARD_FRACTION = 0.1  # Facco et al.: the largest 10% of the ratios are dropped from the fit
 EARLY_FRACTION = 0.2  # layers below floor(0.2·L) only encode surface features (paper)
@@ -90,11 +92,12 @@ def layer_representations(
     out = np.zeros((runtime.arch.num_layers, len(texts), runtime.arch.hidden_size), dtype=np.float32)
     for batch in runtime.batches(sequences, max_rows=32, max_tokens=16384):
         own = batch.attention_mask * ~torch.isin(batch.input_ids, specials.to(batch.input_ids.device))
+
+        def pool(states: torch.Tensor, own: torch.Tensor = own) -> torch.Tensor:
+            return masked_mean(states, own)
+
         with contextlib.ExitStack() as stack:
-            readings = [
-                stack.enter_context(runtime.capture(layer, lambda states, own=own: masked_mean(states, own)))
-                for layer in runtime.arch.layers
-            ]
+            readings = [stack.enter_context(runtime.capture(layer, pool)) for layer in runtime.arch.layers]
             runtime.forward(batch, stop_after=runtime.arch.num_layers - 1)
         for layer, reading in enumerate(readings):
             out[layer, batch.indices] = reading[0].cpu().numpy()

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
     import torch
 
-    from ragidx.indexer.runtime import ModelRuntime
+    from ragidx.indexer.model.runtime import ModelRuntime
 
 SUMMARY_TOKEN = "<PST>"
 BROADCAST_TOKEN = "<B-PST>"
@@ -67,10 +67,10 @@ def install_placeholders(runtime: ModelRuntime, init: str = "mean") -> Placehold
             "token prepending needs them as fresh placeholders"
         )
     model = runtime.model
-    rows_before = model.get_input_embeddings().weight.shape[0]
+    rows_before = _embedding_rows(model).shape[0]
     if len(tokenizer) > rows_before:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    weight = model.get_input_embeddings().weight
+    weight = _embedding_rows(model)
     with torch.no_grad():
         if init == "mean":
             values = weight[:known].float().mean(dim=0, keepdim=True).expand(len(ids), -1).clone()
@@ -80,3 +80,8 @@ def install_placeholders(runtime: ModelRuntime, init: str = "mean") -> Placehold
     placeholders = Placeholders(tokenizer, ids[0], ids[1], values, rows_before, weight.shape[0])
     placeholders.apply(model)
     return placeholders
+
+
+def _embedding_rows(model: Any) -> torch.Tensor:
+    """The input embedding matrix (one row per token id)."""
+    return cast("torch.Tensor", model.get_input_embeddings().weight)

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from ragidx.indexer.runtime import Batch
+    from ragidx.indexer.model.runtime import Batch
     from ragidx.indexer.strategies.base import PooledText
 
 

@@ -14,7 +14,7 @@ from ragidx.indexer.strategies.baselines import LastTokenPooling
 from ragidx.indexer.strategies.options import StrategyOptions, option
 
 if TYPE_CHECKING:
-    from ragidx.indexer.runtime import ModelRuntime
+    from ragidx.indexer.model.runtime import ModelRuntime
 
 PROMPTEOL_TEMPLATE = 'This sentence : "{text}" means in one word:"'
 COT_TEMPLATE = 'After thinking step by step , this sentence : "{text}" means in one word:"'

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.strategies.base import (
     ROLES,
     TEXT_SLOT,
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ragidx.indexer.chunking import Chunker, Span
-    from ragidx.indexer.runtime import Batch, ModelRuntime
+    from ragidx.indexer.ingest.chunking import Chunker, Span
+    from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 RETRIEVAL_QUERY_TEMPLATE = "Retrieve relevant document. Text:{text}"
 PAPER_REWIRE_STOP = {32: 7}  # the HTP code's window for 32-layer models (Mistral-7B)
@@ -131,23 +131,31 @@ class TokenPrepending(Strategy):
         options = options or self.Options()
         super().__init__(runtime, options, **common)
         num_layers = runtime.arch.num_layers
+        self.rewire: tuple[int, int]  # rewiring before layers rewire[0] .. rewire[1] - 1
         if options.rewire is None:
-            window, self.window_source = default_window(num_layers)
+            self.rewire, self.window_source = default_window(num_layers)
         else:
-            window, self.window_source = parse_window(options.rewire, num_layers), "--rewire"
-        exit_layer = resolve_layer(options.exit_layer, num_layers, "--exit-layer")
+            self.rewire, self.window_source = parse_window(options.rewire, num_layers), "--rewire"
+        self.exit_layer = resolve_layer(options.exit_layer, num_layers, "--exit-layer")
         self.placeholders = install_placeholders(runtime, options.placeholder_init)
-        sink = resolve_sink(runtime.tokenizer, options.sink)
-        self.options = dataclasses.replace(options, rewire=list(window), exit_layer=exit_layer, sink=sink)
+        self.sink: Sink = resolve_sink(runtime.tokenizer, options.sink)
         self.parts = {role: self._template(role) for role in ROLES}
+
+    def resolved_options(self) -> dict[str, Any]:
+        return {
+            **super().resolved_options(),
+            "rewire": list(self.rewire),
+            "exit_layer": self.exit_layer,
+            "sink": self.sink,
+        }
 
     def _template(self, role: Role) -> TokenTemplate:
         """The role's template as ids, led by the sink token when the tokenizer puts none first."""
         parts = tokenize_template(self.runtime.tokenizer, self.template_for(role))
-        if parts.lead or self.options.sink == "none":
+        if parts.lead or self.sink == "none":
             return parts
         tokenizer = self.runtime.tokenizer
-        sink_id = tokenizer.convert_tokens_to_ids(getattr(tokenizer, f"{self.options.sink}_token"))
+        sink_id = tokenizer.convert_tokens_to_ids(getattr(tokenizer, f"{self.sink}_token"))
         return dataclasses.replace(parts, lead=[sink_id])
 
     @classmethod
@@ -165,7 +173,7 @@ class TokenPrepending(Strategy):
         )
         return {
             "rewire_source": self.window_source,
-            "exit_layer": self.options.exit_layer,
+            "exit_layer": self.exit_layer,
             "placeholder_ids": [placeholders.summary_id, placeholders.broadcast_id],
             "embedding_rows": rows,
         }
@@ -199,7 +207,7 @@ class TokenPrepending(Strategy):
         prepended: list[PrependedText] = list(rows)  # type: ignore[arg-type]
         self.placeholders.apply(self.runtime.model)
         rewiring = Rewiring(prepended, batch.input_ids.device)
-        start, stop = self.options.rewire
+        start, stop = self.rewire
         layers = self.runtime.arch.layers
         with contextlib.ExitStack() as stack:
             for layer in range(start, min(stop, max(exits) + 1)):
@@ -214,7 +222,7 @@ class TokenPrepending(Strategy):
         return [reading[0] for reading in readings]
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
-        return self.layer_readings(batch, rows, [self.options.exit_layer])[0]
+        return self.layer_readings(batch, rows, [self.exit_layer])[0]
 
 
 class HierarchicalTokenPrepending(TokenPrepending):

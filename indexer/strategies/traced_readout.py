@@ -21,12 +21,12 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ragidx.indexer.runtime import Batch
+from ragidx.indexer.model.runtime import Batch
 
 if TYPE_CHECKING:
     import torch
 
-    from ragidx.indexer.runtime import ModelRuntime
+    from ragidx.indexer.model.runtime import ModelRuntime
 
 log = logging.getLogger(__name__)
 

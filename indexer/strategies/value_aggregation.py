@@ -9,11 +9,10 @@ layer set S, and the forward pass stops after max(S).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from ragidx.indexer.strategies.base import TEXT_SLOT, PreparedText, Strategy, render
 from ragidx.indexer.strategies.layers import LAYERS_HELP, parse_layers, relative_layers
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ragidx.indexer.runtime import Batch, ModelRuntime
+    from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 FUTUREEOL_TEMPLATE = "Forecasting the subsequent tokens {text} in one word:"
 PROMPTS = {"futureeol": FUTUREEOL_TEMPLATE, "prompteol": PROMPTEOL_TEMPLATE, "none": TEXT_SLOT}
@@ -90,15 +89,18 @@ class ValueAggregation(Strategy):
             query_template=query_template or template,
             **common,
         )
+        self.layers: list[int]  # S, resolved
         if options.layers is None:
-            layers, self.layer_source = default_layer_set(runtime.model.config, self.relative_depth)
+            self.layers, self.layer_source = default_layer_set(runtime.model.config, self.relative_depth)
         else:
-            layers, self.layer_source = parse_layers(options.layers, runtime.arch.num_layers), "--layers"
-        self.options = dataclasses.replace(options, layers=layers)
+            self.layers, self.layer_source = parse_layers(options.layers, runtime.arch.num_layers), "--layers"
+
+    def resolved_options(self) -> dict[str, Any]:
+        return {**super().resolved_options(), "layers": self.layers}
 
     @property
     def notes(self) -> dict[str, Any]:
-        return {"layer_source": self.layer_source, "exit_layer": max(self.options.layers)}
+        return {"layer_source": self.layer_source, "exit_layer": max(self.layers)}
 
     @abstractmethod
     def module(self, layer: int) -> nn.Module:
@@ -128,7 +130,7 @@ class ValueAggregation(Strategy):
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         import torch
 
-        per_layer = self.layer_readings(batch, self.options.layers)
+        per_layer = self.layer_readings(batch, self.layers)
         if self.options.normalize_layers:
             per_layer = torch.nn.functional.normalize(per_layer, dim=-1)
         return per_layer.mean(dim=0)
@@ -148,7 +150,7 @@ class ValueVectors(ValueAggregation):
         return self.runtime.arch.num_kv_heads * self.runtime.arch.head_dim
 
     def module(self, layer: int) -> nn.Module:
-        return self.runtime.arch.attention(layer).v_proj
+        return cast("nn.Module", self.runtime.arch.attention(layer).v_proj)
 
     def reduce(self, states: torch.Tensor, batch: Batch) -> torch.Tensor:
         return masked_mean(states, batch.attention_mask)
@@ -165,7 +167,7 @@ class WeightedValues(ValueAggregation):
         return self.runtime.arch.num_heads * self.runtime.arch.head_dim
 
     def module(self, layer: int) -> nn.Module:
-        return self.runtime.arch.attention(layer).o_proj
+        return cast("nn.Module", self.runtime.arch.attention(layer).o_proj)
 
 
 class AlignedWeightedValues(ValueAggregation):

@@ -57,8 +57,8 @@ def cumulative(stats: pstats.Stats, name: str, filename: str) -> float:
 
 def main() -> None:
     from ragidx.app.research.calibrate import SAMPLE_CORPUS
-    from ragidx.indexer.pipeline import BuildOptions, build
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.build.pipeline import BuildOptions, build
+    from ragidx.indexer.model.runtime import load_runtime
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2")

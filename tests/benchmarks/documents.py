@@ -26,7 +26,7 @@ import docx
 from fpdf import FPDF
 
 from ragidx.app import Index
-from ragidx.indexer.extractors import extract_docx, extract_pdf
+from ragidx.indexer.ingest.extractors import extract_docx, extract_pdf
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_corpus"
 

@@ -43,9 +43,9 @@ def qwen2_05b_shaped(folder: Path) -> Path:
 
 
 def chunk_texts(model_dir: str) -> list[str]:
-    from ragidx.indexer.chunking import Chunker
-    from ragidx.indexer.runtime import load_runtime
-    from ragidx.indexer.sources import scan
+    from ragidx.indexer.ingest.chunking import Chunker
+    from ragidx.indexer.ingest.sources import scan
+    from ragidx.indexer.model.runtime import load_runtime
 
     runtime = load_runtime(model_dir, device="cpu", dtype="float32")
     chunker = Chunker(runtime.tokenizer, chunk_tokens=128, overlap_sentences=0)
@@ -53,7 +53,7 @@ def chunk_texts(model_dir: str) -> list[str]:
 
 
 def measure(model_dir: str, strategies: list[str], texts: list[str]) -> None:
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     for name in strategies:

@@ -37,11 +37,11 @@ def warm_query_latency(index: Path, queries: list[str]) -> list[float]:
     from ragidx.app import Index
 
     with Index.open(index) as opened:
-        opened.search("warm up", 5)
+        opened.search("warm up", k=5)
         latencies = []
         for query in queries:
             started = time.perf_counter()
-            opened.search(query, 5)
+            opened.search(query, k=5)
             latencies.append((time.perf_counter() - started) * 1000)
     return latencies
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from ragidx.app import Index
 from ragidx.app.research.evaluation import document_id, load_beir, subsample
 from ragidx.app.research.metrics import ndcg_at
-from ragidx.indexer.fusion import Fusion
-from ragidx.indexer.tuning import DENSE_WEIGHTS, TuningReport
+from ragidx.indexer.build.tuning import DENSE_WEIGHTS, TuningReport
+from ragidx.indexer.search.fusion import Fusion
 
 DEPTH = 320  # what hybrid search fuses when eval asks for ~160 chunks
 

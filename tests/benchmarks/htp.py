@@ -28,7 +28,7 @@ MIB = 2**20
 
 def long_document(tokenizer, tokens: int) -> str:
     """Whole sentences of the sample corpus (repeated if needed) up to about ``tokens`` tokens."""
-    from ragidx.indexer.chunking import Chunker
+    from ragidx.indexer.ingest.chunking import Chunker
 
     text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(SAMPLE_CORPUS.rglob("*.*")))
     while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < tokens:
@@ -37,7 +37,7 @@ def long_document(tokenizer, tokens: int) -> str:
 
 
 def child(model: str, name: str, tokens: int, repeats: int) -> dict:
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     runtime = load_runtime(model, device="cpu", dtype="float32")

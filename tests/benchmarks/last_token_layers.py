@@ -53,7 +53,7 @@ def last_token_states(runtime, texts: list[str], sink: bool) -> np.ndarray:
 def main() -> None:
     from ragidx.app.research.evaluation import load_sts
     from ragidx.app.research.metrics import spearman
-    from ragidx.indexer.runtime import load_runtime
+    from ragidx.indexer.model.runtime import load_runtime
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)

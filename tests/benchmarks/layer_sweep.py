@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("options", nargs="*", help="OPTION=VALUE for the strategy")
     args = parser.parse_args()
     from ragidx.app.research.evaluation import document_text, load_beir, load_sts, subsample
-    from ragidx.indexer.chunking import Chunker
+    from ragidx.indexer.ingest.chunking import Chunker
     from ragidx.indexer.strategies import create_strategy, load_runtime_for, strategy_class
 
     options = {key: typed(value) for key, value in (option.split("=", 1) for option in args.options)}

@@ -68,10 +68,10 @@ def read_imports(path: Path, root: Path = ROOT) -> ModuleImports:
     return found
 
 
-def package_of(module: str) -> str:
+def package_of(module: str, root: Path = ROOT) -> str:
     """``cli``, ``app``, ``indexer`` or a subpackage such as ``indexer.strategies``."""
     parts = module.split(".")
-    is_subpackage = len(parts) > 2 or parts[:2] == ["indexer", "strategies"]
+    is_subpackage = len(parts) > 2 or (len(parts) == 2 and (root / parts[0] / parts[1]).is_dir())
     return ".".join(parts[:2]) if is_subpackage else parts[0]
 
 
@@ -94,7 +94,8 @@ def main() -> None:
         print(line)
     totals: dict[str, int] = {}
     for module in modules:
-        totals[package_of(module.name)] = totals.get(package_of(module.name), 0) + module.lines
+        package = package_of(module.name, args.root)
+        totals[package] = totals.get(package, 0) + module.lines
     per_package = ", ".join(f"{name} {count}" for name, count in totals.items())
     print(f"lines: {per_package}, total {sum(totals.values())}")
     own_local = sum(len(module.local) for module in modules)

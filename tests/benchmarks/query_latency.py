@@ -43,7 +43,7 @@ def eager_readout(strategy: Strategy, query: str) -> None:
     """The strategy's readout of the query's one-row batch as written (what the trace replaces)."""
     import torch
 
-    from ragidx.indexer.runtime import Batch
+    from ragidx.indexer.model.runtime import Batch
 
     ids = torch.tensor([strategy.token_ids(query, "query")])
     with torch.inference_mode():
@@ -53,8 +53,8 @@ def eager_readout(strategy: Strategy, query: str) -> None:
 def main() -> None:
     from ragidx.app import Index
     from ragidx.app.research.calibrate import SAMPLE_CORPUS
-    from ragidx.indexer.pipeline import BuildOptions, build
-    from ragidx.indexer.sources import scan
+    from ragidx.indexer.build.pipeline import BuildOptions, build
+    from ragidx.indexer.ingest.sources import scan
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2")

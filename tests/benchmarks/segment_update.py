@@ -48,9 +48,9 @@ def unit_vectors(n: int, dimension: int, seed: int) -> np.ndarray:
 
 
 def document(name: str) -> object:
-    from ragidx.indexer.chunking import Chunk
-    from ragidx.indexer.sources import SourceDocument
-    from ragidx.indexer.store import DocumentRecord
+    from ragidx.indexer.ingest.chunking import Chunk
+    from ragidx.indexer.ingest.sources import SourceDocument
+    from ragidx.indexer.storage import DocumentRecord
 
     texts = [f"{name} chunk {i}" for i in range(CHUNKS_PER_DOCUMENT)]
     source = SourceDocument(f"/docs/{name}", " ".join(texts), f"hash-{name}", 100, 0.0, name, "text")
@@ -67,7 +67,7 @@ def vector_files(directory: Path) -> tuple[int, int]:
 
 
 def search_ms(directory: Path, dimension: int) -> float:
-    from ragidx.indexer.store import IndexReader
+    from ragidx.indexer.storage import IndexReader
 
     reader = IndexReader(directory)
     vectors = reader.load_vectors()
@@ -92,15 +92,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.root:
         use_checkout(args.root)
-    from ragidx.indexer.store import IndexWriter
-    from ragidx.indexer.vector_index import VectorIndexSettings
+    from ragidx.indexer.storage import IndexWriter
+    from ragidx.indexer.storage.vector_index import VectorIndexSettings
 
     directory = args.dir or Path(tempfile.mkdtemp(prefix="ragidx-segments-"))
     meta = {"model": "random", "strategy": "mean", "strategy_params": {}, "dimension": args.dimension}
     settings = VectorIndexSettings(requested=args.index_type)
     n_docs = args.chunks // CHUNKS_PER_DOCUMENT
     print(
-        f"ragidx from {Path(sys.modules['ragidx.indexer.store'].__file__).parents[1]}; index in {directory}"
+        f"ragidx from {Path(sys.modules['ragidx.indexer.storage.writer'].__file__).parents[2]}; "
+        f"index in {directory}"
     )
     started = time.perf_counter()
     with IndexWriter(directory) as writer:

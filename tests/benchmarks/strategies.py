@@ -31,7 +31,7 @@ def main() -> None:
         "--repeats", type=int, default=1, help="Rounds over all strategies, interleaved; the median is shown."
     )
     args = parser.parse_args()
-    from ragidx.indexer.runtime import load_runtime, plan_batches
+    from ragidx.indexer.model.runtime import load_runtime, plan_batches
     from ragidx.indexer.strategies import BatchSettings, create_strategy
 
     batch = BatchSettings()

@@ -62,7 +62,7 @@ def int4_check(weight_shape: tuple[int, int], tokens: int, dtype: object) -> tup
 def main() -> None:
     import torch
 
-    from ragidx.indexer.models import resolve_model
+    from ragidx.indexer.model.sources import resolve_model
     from ragidx.indexer.strategies import load_runtime_for
 
     parser = argparse.ArgumentParser()

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ragidx.indexer.sources import ScanResult, SourceDocument, normal_path
+from ragidx.indexer.ingest.sources import ScanResult, SourceDocument, normal_path
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Real weights reach offline machines as Python packages (GGUF files, or a plain model folder), so a
 short name such as ``smollm2`` finds the file inside its installed package without importing the
-package. A GGUF file is identified by its SHA-256; :mod:`ragidx.indexer.gguf` converts it once
+package. A GGUF file is identified by its SHA-256; :mod:`ragidx.indexer.model.gguf` converts it once
 into the cache, and the index records the hash so that a changed file is noticed.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.gguf import GgufFile, converted_folder, is_converted
+from ragidx.indexer.model.gguf import GgufFile, converted_folder, is_converted
 
 GGUF_SUFFIX = ".gguf"
 

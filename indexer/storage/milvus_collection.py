@@ -1,15 +1,7 @@
-"""Vectors, chunk text and metadata in a Milvus collection (``ragidx build --store milvus``).
-
-SQLite stays the index's catalogue (meta, documents, chunks) and its lexical search: BM25 runs on
-the same FTS5 tables as with local vectors, so hybrid scores and tuned fusion weights mean the
-same whichever store holds the vectors. The collection holds one row per chunk: ``chunk_id``
-(primary key), ``vector``, ``path``, ``text`` and ``metadata``, so other tools can read it.
-
-Milvus has no transaction shared with SQLite, so a commit goes: upsert the new vectors (their
-chunk ids are above every committed one, so readers, who search ``chunk_id < next_chunk_id``,
-cannot see them yet); commit SQLite with the deletions still owed to Milvus recorded in ``meta``
-(readers exclude them); then delete them from Milvus and clear the record. A build killed at any
-point leaves the previous generation as it was; the next writer finishes owed deletions.
+"""ragidx's rows in one Milvus collection, through pymilvus: connect, create, verify, upsert,
+delete, search, scan (the store built on it is :mod:`.milvus`). The collection holds one row
+per chunk: ``chunk_id`` (primary key), ``vector``, ``path``, ``text`` and ``metadata``, so other
+tools can read it.
 """
 
 from __future__ import annotations
@@ -17,23 +9,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
-from ragidx.indexer.vector_index import VectorIndexSettings, default_nlist
+from ragidx.indexer.storage.vector_index import VectorIndexSettings, default_nlist
 
 if TYPE_CHECKING:
     from pymilvus import MilvusClient
 
-DEFAULT_COLLECTION = "ragidx"
-LOCAL_FILE = "milvus.db"  # milvus-lite's file in the index folder when no --milvus-uri is given
+    from ragidx.indexer.storage.milvus import MilvusLocation
+
 CONNECT_SECONDS = 10.0
 MAX_TOP_K = 16_384  # Milvus' largest limit per search
 SCAN_BATCH = 4096
@@ -46,44 +35,6 @@ FIELDS = {
     "metadata": "JSON",
 }
 INDEX_TYPES = {"flat": "FLAT", "hnsw": "HNSW", "ivf": "IVF_FLAT", "auto": "AUTOINDEX"}
-
-
-@dataclass(frozen=True)
-class MilvusLocation:
-    """Where an index's vectors live: server or milvus-lite file, collection, and the id that ties
-    the collection to this index (a collection property)."""
-
-    uri: str
-    collection: str = DEFAULT_COLLECTION
-    index_id: str = ""
-
-    @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> MilvusLocation | None:
-        store = meta.get("store") or {}
-        if store.get("kind") != "milvus":
-            return None
-        return cls(store["uri"], store["collection"], store["index_id"])
-
-    def to_meta(self) -> dict[str, Any]:
-        return {"kind": "milvus", **asdict(self)}
-
-    @property
-    def where(self) -> str:
-        return f"collection {self.collection!r} at {self.uri}"
-
-
-def new_location(uri: str | None, collection: str | None, index_dir: os.PathLike) -> MilvusLocation:
-    """A new index's location: ``uri`` (default: milvus-lite in the index folder), a fresh id."""
-    return MilvusLocation(
-        normal_uri(uri or os.path.join(index_dir, LOCAL_FILE)),
-        collection or DEFAULT_COLLECTION,
-        uuid.uuid4().hex,
-    )
-
-
-def normal_uri(uri: str) -> str:
-    """A server's URL as given; a milvus-lite file as an absolute path (builds run from anywhere)."""
-    return uri if "://" in uri else os.path.abspath(uri)
 
 
 _LITE_USERS: dict[str, int] = {}  # milvus-lite file -> open collections of this process
@@ -269,7 +220,8 @@ class MilvusCollection:
 
     def scan(self, expression: str) -> tuple[np.ndarray, np.ndarray]:
         """Every matching row's id (ascending) and vector: for ``check``."""
-        ids, vectors = [], []
+        ids: list[int] = []
+        vectors: list[list[float]] = []
         with milvus_errors(self.location):
             iterator = self.client.query_iterator(
                 self.name, batch_size=SCAN_BATCH, filter=expression, output_fields=["chunk_id", "vector"]
@@ -280,55 +232,3 @@ class MilvusCollection:
             iterator.close()
         order = np.argsort(np.array(ids, dtype=np.int64), kind="stable")
         return np.array(ids, dtype=np.int64)[order], np.array(vectors, dtype=np.float32)[order]
-
-
-def describe_index(settings: VectorIndexSettings) -> str:
-    """The collection's index as Milvus names it, with what ragidx set, e.g. ``HNSW (M 32, ...)``."""
-    details = {
-        "hnsw": f"M {settings.hnsw_m}, efConstruction {settings.ef_construction}, ef {settings.ef_search}",
-        "ivf": f"nlist {settings.nlist or default_nlist(MAX_TOP_K)}, nprobe {settings.nprobe}",
-    }.get(settings.requested)
-    return INDEX_TYPES[settings.requested] + (f" ({details})" if details else "")
-
-
-def visible(meta: dict[str, Any]) -> str:
-    """The filter a reader of this committed generation searches with: rows of committed chunks
-    (ids below ``next_chunk_id``) less the deletions still owed to Milvus."""
-    expression = f"chunk_id < {int(meta.get('next_chunk_id', 1))}"
-    owed = meta.get("milvus_owed")
-    return f"{expression} and not ({owed})" if owed else expression
-
-
-def id_list(ids: Sequence[int] | np.ndarray) -> str:
-    return f"chunk_id in [{', '.join(str(int(i)) for i in ids)}]"
-
-
-@dataclass
-class MilvusVectors:
-    """A committed generation's vectors in Milvus, searched through the same calls as segments."""
-
-    collection: MilvusCollection
-    settings: VectorIndexSettings
-    expression: str
-
-    def use_gpu(self) -> bool:
-        return False  # the Milvus server decides where it searches
-
-    def search(
-        self,
-        queries: np.ndarray,
-        limit: int,
-        allowed: np.ndarray | None = None,
-        ef_search: int | None = None,
-        nprobe: int | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        expression = self.expression if allowed is None else f"{self.expression} and {id_list(allowed)}"
-        params: dict[str, Any] = {}
-        if self.settings.requested == "hnsw":
-            params["ef"] = max(ef_search or self.settings.ef_search, min(limit, MAX_TOP_K))
-        elif self.settings.requested == "ivf":
-            params["nprobe"] = nprobe or self.settings.nprobe
-        return self.collection.search(queries, limit, expression, params)
-
-    def live_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.collection.scan(self.expression)

@@ -7,27 +7,23 @@ long-running server share this code with the Python API.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.filters import Filters
-from ragidx.indexer.fusion import Fusion
-from ragidx.indexer.runtime import resolve_device
-from ragidx.indexer.snippets import Snippet, make_snippet, query_stems
-from ragidx.indexer.store import IndexReader
-from ragidx.indexer.wording import encodable
+from ragidx.indexer.model.runtime import resolve_device
+from ragidx.indexer.search.fusion import Fusion
+from ragidx.indexer.search.options import SearchOptions, check_queries
+from ragidx.indexer.search.snippets import Snippet, make_snippet, query_stems
+from ragidx.indexer.storage import IndexReader
+from ragidx.indexer.storage.filters import Filters
 
-MODES = ("hybrid", "dense", "lexical")
 SNAPSHOT_ATTEMPTS = 5
-MIN_CANDIDATES = 100  # per list before fusion: enough that fusion can promote a chunk from far down
 
 Ranked = dict[str, list[tuple[int, float]]]  # "dense" / "lexical" -> (chunk id, score), best first
-FilterSpec = Filters | Mapping[str, Any] | None
-WeightSpec = Fusion | Mapping[str, float] | str | None  # str: "dense=0.3,lexical=0.7"
 Embed = Callable[[Sequence[str]], np.ndarray]
 Result = TypeVar("Result")
 
@@ -51,6 +47,7 @@ class Hit:
     dense_rank: int | None = None
     lexical_rank: int | None = None
     pages: list[int] | None = None  # PDFs: the 1-based pages the chunk's span touches
+    explain: Explanation | None = None  # with ``explain``: how each list and the fusion scored it
 
     @property
     def page(self) -> int | None:
@@ -58,60 +55,43 @@ class Hit:
         return self.pages[0] if self.pages else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "page": self.page}
+        found = {**asdict(self), "page": self.page}
+        if self.explain is None:
+            del found["explain"]
+        return found
 
 
 @dataclass(frozen=True)
-class SearchRequest:
-    """One search's parameters, checked before any work is done."""
+class Listed:
+    """A chunk's place in one candidate list: its rank and the list's own score."""
 
-    k: int
-    mode: str
-    filters: Filters
-    min_score: float | None
-    weights: Fusion | None
-    method: str | None
-    tuning: dict[str, int | None]
+    rank: int
+    score: float
 
-    @classmethod
-    def checked(
-        cls,
-        queries: Sequence[str],
-        k: int,
-        mode: str,
-        filters: FilterSpec,
-        min_score: float | None,
-        weights: WeightSpec,
-        fusion: str | None,
-        ef_search: int | None,
-        nprobe: int | None,
-    ) -> SearchRequest:
-        if k < 1:
-            raise RagidxError(f"k must be at least 1, got {k}")
-        for name, value in (("ef_search", ef_search), ("nprobe", nprobe)):
-            if value is not None and value < 1:
-                raise RagidxError(f"{name} must be at least 1, got {value}")
-        if mode not in MODES:
-            raise RagidxError(f"unknown mode '{mode}': choose one of {', '.join(MODES)}")
-        if (weights is not None or fusion is not None) and mode != "hybrid":
-            raise RagidxError(f"weights and fusion apply to hybrid search, not to {mode}")
-        if any(not query.strip() for query in queries):
-            raise RagidxError("the query is empty")
-        if not all(encodable(query) for query in queries):
-            raise RagidxError("the query is not valid Unicode text (it holds a lone surrogate)")
-        if isinstance(weights, str):  # the weights alone: the method stays the index's unless ``fusion``
-            weights = Fusion.parse(weights).weights()
-        given = weights if isinstance(weights, Fusion) or weights is None else Fusion.from_weights(weights)
-        method = fusion or (weights.method if isinstance(weights, Fusion) else None)
-        if method is not None:
-            Fusion(method=method)  # refused here, before any work, if unknown
-        chosen = filters if isinstance(filters, Filters) else Filters.from_mapping(filters)
-        return cls(k, mode, chosen, min_score, given, method, {"ef_search": ef_search, "nprobe": nprobe})
 
-    @property
-    def candidates(self) -> int:
-        """How deep each list is read: hybrid fusion needs more than ``k`` to promote from below."""
-        return self.k if self.mode != "hybrid" else max(MIN_CANDIDATES, 2 * self.k)
+@dataclass(frozen=True)
+class Explanation:
+    """Why a hit ranks where it does: its place in the dense and the lexical list (None where it
+    is not among that list's candidates), and for hybrid search the fusion method, the weights
+    and the fused score."""
+
+    dense: Listed | None
+    lexical: Listed | None
+    fusion: str | None = None
+    weights: dict[str, float] | None = None
+    fused: float | None = None
+
+    def describe(self) -> str:
+        """One line, e.g. ``dense #3 0.6123, lexical #1 12.3400; rrf 0.0325 (dense 0.5, lexical 0.5)``."""
+        parts = [
+            f"{name} #{listed.rank} {listed.score:.4f}" if listed else f"{name} -"
+            for name, listed in (("dense", self.dense), ("lexical", self.lexical))
+        ]
+        line = ", ".join(parts)
+        if self.fusion is not None and self.weights is not None and self.fused is not None:
+            weights = ", ".join(f"{name} {weight:g}" for name, weight in self.weights.items())
+            line += f"; {self.fusion} {self.fused:.4f} ({weights})"
+        return line
 
 
 class SearchEngine:
@@ -136,11 +116,12 @@ class SearchEngine:
             self._earlier, self._vectors = self._vectors or self._earlier, None
 
     def search(
-        self, queries: Sequence[str], request: SearchRequest, vectors: np.ndarray | None = None
+        self, queries: Sequence[str], options: SearchOptions, vectors: np.ndarray | None = None
     ) -> list[list[Hit]]:
-        """Each query's ``request.k`` best chunks (``app.Index.search`` documents the parameters);
+        """Each query's ``options.k`` best chunks (``app.Index.search`` documents the options);
         ``vectors``: the queries' embeddings where the caller has them."""
-        return self._in_snapshot(request.mode != "lexical", lambda: self._search(queries, request, vectors))
+        check_queries(queries)
+        return self._in_snapshot(options.mode != "lexical", lambda: self._search(queries, options, vectors))
 
     def rankings(self, queries: Sequence[str], depth: int, vectors: np.ndarray | None = None) -> list[Ranked]:
         """Each query's dense and lexical candidates (chunk id, score), best first: what hybrid
@@ -166,19 +147,20 @@ class SearchEngine:
         raise RagidxError("the index changed during every attempt to read it; try again")
 
     def _search(
-        self, queries: Sequence[str], request: SearchRequest, vectors: np.ndarray | None
+        self, queries: Sequence[str], options: SearchOptions, vectors: np.ndarray | None
     ) -> list[list[Hit]]:
         stored = Fusion.of_index(self.meta)
-        fusion = replace(request.weights or stored, method=request.method or stored.method)
+        fusion = replace(options.weights or stored, method=options.fusion or stored.method)
         lists = self._ranked_lists(
-            queries, request.candidates, request.mode, request.filters, request.tuning, vectors
+            queries, options.candidates, options.mode, options.filters, options.breadth, vectors
         )
         results = []
         for query, ranked in zip(queries, lists, strict=True):
-            scored = fusion.fuse(ranked) if request.mode == "hybrid" else ranked[request.mode]
-            if request.min_score is not None:
-                scored = [(chunk_id, score) for chunk_id, score in scored if score >= request.min_score]
-            results.append(self._hits(query, scored[: request.k], ranked))
+            scored = fusion.fuse(ranked) if options.mode == "hybrid" else ranked[options.mode]
+            if options.min_score is not None:
+                scored = [(chunk_id, score) for chunk_id, score in scored if score >= options.min_score]
+            explained = fusion if options.mode == "hybrid" else None
+            results.append(self._hits(query, scored[: options.k], ranked, options.explain, explained))
         return results
 
     def _ranked_lists(
@@ -217,10 +199,19 @@ class SearchEngine:
             for row_scores, row_ids in zip(scores, ids, strict=True)
         ]
 
-    def _hits(self, query: str, scored: Sequence[tuple[int, float]], ranked: Ranked) -> list[Hit]:
+    def _hits(
+        self,
+        query: str,
+        scored: Sequence[tuple[int, float]],
+        ranked: Ranked,
+        explain: bool = False,
+        fusion: Fusion | None = None,
+    ) -> list[Hit]:
+        """The scored chunks as hits, joined with their rows; ``explain`` adds each one's place in
+        both lists and, for ``fusion`` (hybrid search), the method and weights that fused them."""
         rows = self.reader.chunk_rows([chunk_id for chunk_id, _ in scored])
-        ranks = {
-            name: {chunk_id: rank for rank, (chunk_id, _) in enumerate(found, start=1)}
+        listed = {
+            name: {chunk_id: Listed(rank, score) for rank, (chunk_id, score) in enumerate(found, start=1)}
             for name, found in ranked.items()
         }
         found = [(chunk_id, score) for chunk_id, score in scored if chunk_id in rows]
@@ -228,8 +219,12 @@ class SearchEngine:
         hits = []
         for rank, (chunk_id, score) in enumerate(found, start=1):
             row = rows[chunk_id]
-            start = row["char_start"]
-            sentences = [(s - start, e - start) for s, e in row["sentences"]]
+            dense, lexical = listed["dense"].get(chunk_id), listed["lexical"].get(chunk_id)
+            explanation = None
+            if explain:
+                weights = fusion.weights() if fusion else None
+                method = fusion.method if fusion else None
+                explanation = Explanation(dense, lexical, method, weights, score if fusion else None)
             hits.append(
                 Hit(
                     rank=rank,
@@ -237,13 +232,14 @@ class SearchEngine:
                     chunk_id=chunk_id,
                     path=row["path"],
                     title=row["title"],
-                    span=(start, row["char_end"]),
+                    span=(row["char_start"], row["char_end"]),
                     text=row["text"],
-                    snippet=make_snippet(row["text"], sentences, stems),
+                    snippet=make_snippet(row["text"], row["sentences"], stems),
                     metadata=row["metadata"],
-                    dense_rank=ranks["dense"].get(chunk_id),
-                    lexical_rank=ranks["lexical"].get(chunk_id),
+                    dense_rank=dense.rank if dense else None,
+                    lexical_rank=lexical.rank if lexical else None,
                     pages=row["pages"],
+                    explain=explanation,
                 )
             )
         return hits

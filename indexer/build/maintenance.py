@@ -9,13 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ragidx.indexer.changes import absolute_roots, under
+from ragidx.indexer.build.settings import IndexSettings
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.milvus_store import MilvusLocation
-from ragidx.indexer.segments import SegmentUnreadable
-from ragidx.indexer.settings import IndexSettings
-from ragidx.indexer.store import ROW_RULES, IndexWriter, index_exists, no_index
-from ragidx.indexer.vector_index import stored_ids
+from ragidx.indexer.ingest.changes import absolute_roots, under
+from ragidx.indexer.storage import IndexWriter, index_exists, no_index
+from ragidx.indexer.storage.database import ROW_RULES
 from ragidx.indexer.wording import counted
 
 if TYPE_CHECKING:
@@ -129,31 +127,16 @@ def _check_fts(writer: IndexWriter, report: CheckReport, repair: bool) -> None:
 
 def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, device: str) -> None:
     """Vectors must match the chunks one to one and be finite unit vectors; a repair drops the
-    extra ones, leaves out segments whose file is lost or unreadable, and re-embeds the missing
-    and damaged ones from the chunks' stored text."""
-    readable, unreadable, misrecorded = [], [], []
-    location = MilvusLocation.from_meta(writer.meta)
-    if location is not None:
-        try:
-            collection = writer.milvus(location)
-            collection.verify(int(writer.meta.get("dimension") or 0))
-            readable.append(collection.scan("chunk_id >= 0"))
-        except RagidxError as error:  # nothing to compare with, nothing a repair could write to
-            report.problems.append(Problem("vectors", str(error), False))
-            return
-    for segment in writer.segments():
-        try:
-            loaded = writer.load([segment])
-        except SegmentUnreadable as error:
-            report.problems.append(Problem("vectors", str(error), repair))
-            unreadable.append(segment.file)
-            continue
-        readable.append(loaded.live_vectors())
-        held = stored_ids(loaded.parts[0].index)
-        if not np.array_equal(held, segment.ids):  # a file changed behind ragidx's back
-            misrecorded.append((segment, held))
-    ids = np.concatenate([i for i, _ in readable]) if readable else np.zeros(0, np.int64)
-    vectors = np.concatenate([v for _, v in readable]) if readable else np.zeros((0, 0), np.float32)
+    extra ones, leaves out parts of the store that are lost or unreadable (segment files), and
+    re-embeds the missing and damaged ones from the chunks' stored text."""
+    try:
+        inspection = writer.store.inspect(writer.db, writer.meta)
+    except RagidxError as error:  # nothing to compare with, nothing a repair could write to
+        report.problems.append(Problem("vectors", str(error), False))
+        return
+    for _, why in inspection.unreadable:
+        report.problems.append(Problem("vectors", why, repair))
+    ids, vectors = inspection.ids, inspection.vectors
     chunk_ids = writer.chunk_ids()
     extra = np.setdiff1d(ids, chunk_ids)
     missing = np.setdiff1d(chunk_ids, ids)
@@ -168,12 +151,12 @@ def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, devic
                 " not finite or not of unit length" if kind == "damaged-vectors" else ""
             )
             report.problems.append(Problem(kind, detail, repair))
-    if not repair or not (len(extra) or len(missing) or len(damaged) or unreadable):
+    if not repair or not (len(extra) or len(missing) or len(damaged) or inspection.unreadable):
         return
-    for segment, held in misrecorded:  # so that the deletions below find what the files hold
-        writer.record_segment_ids(segment, held)
+    if inspection.fix_records is not None:  # so that the deletions below find what the store holds
+        inspection.fix_records()
     restored = np.union1d(missing, damaged)
-    with writer.next_generation(dropped_segments=unreadable) as pending:
+    with writer.next_generation(dropped=[name for name, _ in inspection.unreadable]) as pending:
         if len(restored):
             pending.restore(
                 restored,

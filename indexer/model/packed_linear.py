@@ -92,7 +92,7 @@ def pack_linear_weights(model: nn.Module) -> int:
                 return _traceable_product()(inputs, self.packed_weight, self.bias)
             return linear(inputs, self.packed_weight, self.bias, "none", [], "")
 
-        module.forward = types.MethodType(forward, module)
+        module.forward = types.MethodType(forward, module)  # type: ignore[method-assign] # this instance only
         packed += 1
     return packed
 

@@ -1,15 +1,17 @@
 """Vectors for document records' chunks, and the account of an embedding pass: what the local
-build and the Ray workers (:mod:`ragidx.indexer.distributed`) both compute."""
+build and the Ray workers (:mod:`ragidx.indexer.build.distributed`) both compute."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from ragidx.indexer.sources import SkippedFile
-from ragidx.indexer.store import DocumentRecord
+from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.ingest.sources import SkippedFile, read_document
+from ragidx.indexer.storage import DocumentRecord
 from ragidx.indexer.strategies import Strategy
 from ragidx.indexer.strategies.base import ProgressCallback
 
@@ -32,6 +34,15 @@ class Embedded:
         self.tokens += sum(chunk.token_count for chunk in record.chunks)
 
 
+def read_record(path: str, chunker: Chunker) -> DocumentRecord | SkippedFile:
+    """A document read again and chunked for embedding (the scan keeps no text), or why it can no
+    longer be read."""
+    fresh = read_document(Path(path))
+    if isinstance(fresh, SkippedFile):
+        return fresh
+    return DocumentRecord(fresh, chunker.chunk(fresh.text), fresh.metadata)
+
+
 def embed_records(
     strategy: Strategy, records: Sequence[DocumentRecord], progress: ProgressCallback | None = None
 ) -> np.ndarray:
@@ -39,7 +50,5 @@ def embed_records(
     chunks = [chunk for record in records for chunk in record.chunks]
     if not chunks:
         return np.zeros((0, strategy.dimension), dtype=np.float32)
-    sentences = [
-        [(start - chunk.start, end - chunk.start) for start, end in chunk.sentences] for chunk in chunks
-    ]
+    sentences = [chunk.relative_sentences for chunk in chunks]
     return strategy.encode([chunk.text for chunk in chunks], "document", progress, sentences)

@@ -17,18 +17,17 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ragidx.indexer.chunking import Chunker
-from ragidx.indexer.embedding import Embedded, embed_records
+from ragidx.indexer.build.embedding import Embedded, embed_records, read_record
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.models import ModelSource
+from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument
+from ragidx.indexer.model.sources import ModelSource
 from ragidx.indexer.progress import progress as progress_bar
-from ragidx.indexer.sources import SkippedFile, SourceDocument, read_document
-from ragidx.indexer.store import DocumentRecord, NextGeneration
+from ragidx.indexer.storage import DocumentRecord, NextGeneration
 from ragidx.indexer.strategies import BatchSettings, Strategy, load_runtime_for, strategy_from_index
 
 LOCAL = "local"  # --ray without an address: a cluster on this machine, for this build only
@@ -47,9 +46,7 @@ class WorkerSpec:
     strategy: str
     params: dict[str, Any]
     batch: BatchSettings
-    chunk_tokens: int
-    overlap_sentences: int
-    spacy_model: str | None
+    chunker: dict[str, Any]  # the build's Chunker.settings
 
 
 @dataclass
@@ -76,17 +73,17 @@ class DocumentEmbedder:
             spec.source, spec.device, spec.dtype, spec.trust_remote_code, [spec.strategy]
         )
         self.strategy: Strategy = strategy_from_index(spec.strategy, runtime, spec.params, batch=spec.batch)
-        self.chunker = Chunker(runtime.tokenizer, spec.chunk_tokens, spec.overlap_sentences, spec.spacy_model)
+        self.chunker = Chunker(runtime.tokenizer, **spec.chunker)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         records: list[DocumentRecord] = []
         skipped: list[SkippedFile] = []
         for path in batch["path"]:
-            fresh = read_document(Path(str(path)))
-            if isinstance(fresh, SkippedFile):
-                skipped.append(fresh)
+            record = read_record(str(path), self.chunker)
+            if isinstance(record, SkippedFile):
+                skipped.append(record)
             else:
-                records.append(DocumentRecord(fresh, self.chunker.chunk(fresh.text), fresh.metadata))
+                records.append(record)
         before = self.strategy.truncated
         vectors = embed_records(self.strategy, records)
         done = WorkerBatch(records, vectors, skipped, self.strategy.truncated - before)
@@ -106,11 +103,15 @@ def connect(address: str, workers: int | None, device: str = "auto") -> int:
         if address != LOCAL:
             _probe(address)
         try:
-            quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
             if address == LOCAL:
-                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, **quiet)
+                ray.init(
+                    num_cpus=os.cpu_count(),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.ERROR,
+                )
             else:
-                ray.init(address=address, **quiet)
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         except Exception as error:  # Ray raises several kinds (ConnectionError, RuntimeError, ValueError)
             raise RagidxError(f"cannot reach the Ray cluster at {address}: {_cause(error)}") from None
     if device != "cuda":

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragidx.indexer.auto_strategy import choose_strategy
-from ragidx.indexer.chunking import Chunker
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.milvus_store import describe_index, new_location, normal_uri
-from ragidx.indexer.models import canonical_model_id, check_same_file, resolve_model
-from ragidx.indexer.runtime import ModelRuntime, default_model
-from ragidx.indexer.sources import SourceDocument, read_document
-from ragidx.indexer.store import default_index_dir, no_index
+from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.ingest.sources import SourceDocument, read_document
+from ragidx.indexer.model.runtime import ModelRuntime, default_model
+from ragidx.indexer.model.sources import canonical_model_id, check_same_file, resolve_model
+from ragidx.indexer.storage import StoreSpec, default_index_dir, no_index, resolve_store, store_from_meta
+from ragidx.indexer.storage.vector_index import VectorIndexSettings
 from ragidx.indexer.strategies import (
     LONG_DOCUMENT_STRATEGY,
     OPTION_SPECS,
@@ -33,14 +32,12 @@ from ragidx.indexer.strategies import (
     strategy_class,
     strategy_from_index,
 )
-from ragidx.indexer.vector_index import VectorIndexSettings
+from ragidx.indexer.strategies.auto import choose_strategy
 
 # Options only some strategies take (each strategy refuses the ones it does not).
 STRATEGY_OPTIONS = tuple(spec.name for spec in OPTION_SPECS)
 MODEL_KEYS = ("model", "model_file", "strategy", "strategy_params")  # what a loaded strategy depends on
 COMPARED_KEYS = ("model", "strategy", "strategy_params", "chunker")  # vectors mix only if these agree
-STORES = ("local", "milvus")
-LOCAL_STORE = {"kind": "local"}
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,7 @@ class IndexSettings:
     dimension: int = 0
     dtype: str = ""  # empty for indexes written before the dtype was stored
     vector_index: VectorIndexSettings = field(default_factory=VectorIndexSettings)
-    store: dict[str, Any] = field(default_factory=lambda: dict(LOCAL_STORE))
+    store: StoreSpec = field(default_factory=lambda: store_from_meta({}))
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> IndexSettings | None:
@@ -79,7 +76,7 @@ class IndexSettings:
             dimension=int(meta.get("dimension") or 0),
             dtype=str(meta.get("dtype") or ""),
             vector_index=VectorIndexSettings.from_meta(meta),
-            store=dict(meta.get("store") or LOCAL_STORE),
+            store=store_from_meta(meta),
         )
 
     @classmethod
@@ -92,7 +89,7 @@ class IndexSettings:
 
     def to_meta(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {**values, "vector_index": self.vector_index.to_meta()}
+        return {**values, "vector_index": self.vector_index.to_meta(), "store": self.store.to_meta()}
 
     @property
     def model_identity(self) -> dict[str, Any]:
@@ -180,6 +177,7 @@ class Resolution:
     previous: IndexSettings | None  # the index's committed settings (None: a new index)
     stored: IndexSettings | None  # the settings the build adds to (None: a new index, or --rebuild)
     inherited: IndexSettings | None  # what settings not given default to
+    store: StoreSpec  # where the vectors go: the index's store unless --store or its options say otherwise
 
     @property
     def model(self) -> str:
@@ -210,25 +208,6 @@ class Resolution:
             nlist=given.nlist,
             nprobe=given.nprobe,
         )
-
-    @property
-    def store(self) -> dict[str, Any]:
-        """Where the vectors go: the index's own store unless ``--store``/``--milvus-*`` say otherwise
-        (a new Milvus location, then, with a fresh id; see :func:`resolve` for what is refused)."""
-        given = self.given
-        previous = self.previous.store if self.previous else dict(LOCAL_STORE)
-        kind = given.store or ("milvus" if given.milvus_uri or given.milvus_collection else previous["kind"])
-        if kind == "local":
-            return dict(LOCAL_STORE)
-        same_uri = given.milvus_uri is None or normal_uri(given.milvus_uri) == previous.get("uri")
-        if (
-            previous["kind"] == "milvus"
-            and same_uri
-            and given.milvus_collection in (None, previous["collection"])
-        ):
-            return previous
-        uri = given.milvus_uri or (previous["uri"] if previous["kind"] == "milvus" else None)
-        return new_location(uri, given.milvus_collection, given.index_dir).to_meta()
 
     @property
     def restructures(self) -> bool:
@@ -324,31 +303,20 @@ def resolve(given: BuildOptions, previous: IndexSettings | None) -> Resolution:
     ``--rebuild``, and inherits them (also on ``--rebuild``) unless it names another model, whose
     layers, templates and token counts differ. Options the named strategy does not declare, or
     values its declaration refuses, are refused here."""
-    if given.store is not None and given.store not in STORES:
-        raise RagidxError(f"unknown store {given.store!r}: choose one of {', '.join(STORES)}")
-    if given.store == "local" and (given.milvus_uri or given.milvus_collection):
-        raise RagidxError("--milvus-uri and --milvus-collection need --store milvus")
     stored = previous if not given.rebuild else None
     other_model = given.model and previous and canonical_model_id(given.model) != previous.model
-    resolution = Resolution(given, previous, stored, None if other_model else previous)
-    if stored is not None and resolution.store != stored.store:
+    store_options = {"milvus_uri": given.milvus_uri, "milvus_collection": given.milvus_collection}
+    store = resolve_store(given.store, store_options, previous.store if previous else None, given.index_dir)
+    resolution = Resolution(given, previous, stored, None if other_model else previous, store)
+    if stored is not None and store != stored.store:
         raise RagidxError(
-            f"the index keeps its vectors in {describe_store(stored.store)}; "
-            f"pass --rebuild to move them to {describe_store(resolution.store)}"
+            f"the index keeps its vectors in {stored.store.label}; "
+            f"pass --rebuild to move them to {store.label}"
         )
     named = resolution.strategy_asked
     if named not in (None, "auto"):  # refuse bad options in milliseconds, before the model loads
         strategy_class(named).Options.given(given.strategy_options, named)
     return resolution
-
-
-def describe_store(store: dict[str, Any], vector_index: VectorIndexSettings | None = None) -> str:
-    """``local segments`` or ``Milvus collection 'ragidx' at URI``, with the collection's index
-    when ``vector_index`` is given."""
-    if store["kind"] == "milvus":
-        index = f", index {describe_index(vector_index)}" if vector_index else ""
-        return f"Milvus collection {store['collection']!r} at {store['uri']}{index}"
-    return "local segments"
 
 
 def _texts(documents: Sequence[SourceDocument]) -> Iterator[str]:

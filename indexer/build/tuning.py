@@ -19,7 +19,6 @@ real queries worse on SciFact: see the README.)
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 import time
@@ -29,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ragidx.indexer.fusion import Fusion
-from ragidx.indexer.search import Ranked, SearchEngine
-from ragidx.indexer.settings import IndexSettings
-from ragidx.indexer.store import IndexReader
+from ragidx.indexer.build.settings import IndexSettings
+from ragidx.indexer.ingest.chunking import Span
+from ragidx.indexer.search.engine import Ranked, SearchEngine
+from ragidx.indexer.search.fusion import Fusion
+from ragidx.indexer.storage import IndexReader
 
 if TYPE_CHECKING:
-    from ragidx.indexer.store import IndexWriter
+    from ragidx.indexer.storage import IndexWriter
     from ragidx.indexer.strategies import Strategy
 
 DEFAULT_QUERIES = 100  # each costs one query and one document embedding
@@ -52,9 +52,6 @@ SCAN_FACTOR = 10  # chunks read per query wanted, at most (most chunks have a us
 MIN_GAIN_Z = 2.0  # how clearly a weight must beat a simpler one (see choose_weight)
 RETUNE_CHANGE = 0.1  # an incremental build retunes once the chunk count moved this much
 WORD = re.compile(r"\w+")
-
-
-Span = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -123,7 +120,7 @@ def pseudo_queries(reader: IndexReader, limit: int = DEFAULT_QUERIES, seed: int 
     the same weights."""
     chunk_ids = reader.chunk_ids()
     rng = np.random.default_rng(seed)
-    pools = []
+    pools: list[list[PseudoQuery]] = []
     for position in rng.permutation(len(chunk_ids))[: SCAN_FACTOR * limit]:
         if len(pools) >= limit:
             break
@@ -136,11 +133,8 @@ def pseudo_queries(reader: IndexReader, limit: int = DEFAULT_QUERIES, seed: int 
     return chosen[:limit]
 
 
-def _cloze_options(
-    chunk_id: int, document_id: int, text: str, start: int, sentences: str
-) -> list[PseudoQuery]:
+def _cloze_options(chunk_id: int, document_id: int, text: str, spans: list[Span]) -> list[PseudoQuery]:
     """Every sentence of the chunk that can be cut out, leaving at least as many words behind."""
-    spans = [(first - start, last - start) for first, last in json.loads(sentences or "[]")]
     found = []
     for first, last in spans:
         sentence = text[first:last].strip()

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ragidx.indexer.lexical import stop_words
+from ragidx.indexer.storage.lexical import stop_words
 
 WORD = re.compile(r"\w+")
 SNIPPET_CHARS = 240

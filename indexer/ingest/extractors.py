@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import itertools
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -47,7 +48,7 @@ def extract_pdf(data: bytes) -> Extracted:
         if reader.is_encrypted and not reader.decrypt(""):
             raise Unusable("encrypted PDF (a password is needed to read it)")
         pages = [_page_paragraphs(page) for page in reader.pages]
-        info = reader.metadata or {}
+        info: Mapping[str, Any] = reader.metadata or {}
     except Unusable:
         raise
     except (FileNotDecryptedError, DependencyError) as error:

@@ -2,13 +2,14 @@
 
 Each type stores the full float32 vectors, so any index can be rebuilt as any other type
 without re-embedding. A structure is written once and never changed (see
-:mod:`ragidx.indexer.segments`): deleted ids become *tombstones*, kept in SQLite and excluded at
+:mod:`ragidx.indexer.storage.segments`): deleted ids become *tombstones*, kept in SQLite and excluded at
 search time by an ``IDSelectorNot``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,7 @@ class VectorIndexSettings:
     trained_on: int = 0
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> VectorIndexSettings:
+    def from_meta(cls, meta: Mapping[str, Any]) -> VectorIndexSettings:
         """The index's stored settings (``auto`` for indexes from before index types: they are flat)."""
         return cls(**meta.get("vector_index", {}))
 
@@ -152,8 +153,7 @@ class VectorIndex:
             empty = np.zeros((len(queries), 0))
             return empty.astype(np.float32), empty.astype(np.int64)
         limit = min(limit, pool)
-        approximate_filter = allowed is not None and self.settings.kind != "flat"
-        if approximate_filter and len(allowed) <= EXACT_FILTER_LIMIT:
+        if allowed is not None and self.settings.kind != "flat" and len(allowed) <= EXACT_FILTER_LIMIT:
             return exact_among(self.index, queries, allowed, limit)
         if self.gpu is not None and allowed is None:
             _, flat, row_ids = self.gpu
@@ -161,7 +161,7 @@ class VectorIndex:
             return scores, np.where(rows >= 0, row_ids[np.maximum(rows, 0)], -1)
         params = self._parameters(limit, allowed, ef_search, nprobe)
         scores, ids = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), limit, params=params)
-        if approximate_filter and (ids < 0).any():
+        if allowed is not None and self.settings.kind != "flat" and (ids < 0).any():
             return exact_among(self.index, queries, allowed, limit)
         return scores, ids
 

@@ -19,6 +19,11 @@ from ragidx.indexer.wording import excerpt
 
 META_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$")
 FILTER_KINDS = ("path", "ext", "meta")
+FILTER_HELP = {  # each kind's values, as the CLI's --path, --ext and --meta take them
+    "path": "Only documents whose path matches this glob (repeatable).",
+    "ext": "Only documents with this extension, e.g. md (repeatable).",
+    "meta": "Only documents whose metadata KEY has VALUE: KEY=VALUE (repeatable).",
+}
 MAX_FILTER_VALUES = 100  # per kind, metadata keys, and values per key
 # json_each yields a JSON scalar's SQL value; booleans and null are spelled as JSON spells them.
 JSON_VALUE_AS_TEXT = (

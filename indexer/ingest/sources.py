@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragidx.indexer import extractors
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.ingest import extractors
 
 READERS = {
     ".txt": "text",

@@ -11,17 +11,18 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast, overload
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.models import ModelSource, resolve_model
-from ragidx.indexer.packed_linear import pack_linear_weights
-from ragidx.indexer.precision import cpu_auto_dtype
-from ragidx.indexer.quiet import quiet_transformers
+from ragidx.indexer.model.packed_linear import pack_linear_weights
+from ragidx.indexer.model.precision import cpu_auto_dtype
+from ragidx.indexer.model.quiet import quiet_transformers
+from ragidx.indexer.model.sources import ModelSource, resolve_model
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from transformers import PreTrainedModel
 
 DEFAULT_MODEL = "gemma3-270m"  # measured best offline decoder for retrieval: README, "Quick start"
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
@@ -55,17 +56,19 @@ class ArchitectureView:
 
     def attention(self, layer: int) -> nn.Module:
         """The self-attention module of a decoder layer (its q/k/v/o projections hang off it)."""
-        return self.layers[layer].self_attn
+        return cast("nn.Module", self.layers[layer].self_attn)
 
     def attention_output_norm(self, layer: int) -> nn.Module | None:
         """The norm a layer applies to its attention output before adding it to the residual
         stream: Gemma 2 and 3 have one (``post_attention_layernorm``); in Llama, Mistral and Qwen a
         module of that name normalises the residual before the MLP instead, so they have none."""
-        return self.layers[layer].post_attention_layernorm if self.model_type in GEMMA_TYPES else None
+        norm = self.layers[layer].post_attention_layernorm if self.model_type in GEMMA_TYPES else None
+        return cast("nn.Module | None", norm)
 
 
-def architecture_view(model: nn.Module) -> ArchitectureView:
-    """Describe a loaded base model (``AutoModel``), or refuse an architecture ragidx does not know."""
+def architecture_view(model: Any) -> ArchitectureView:
+    """Describe a loaded base model (``AutoModel``), or refuse an architecture ragidx does not know.
+    ``model`` is any of the families' classes, whose parts have different names (hence ``Any``)."""
     config = model.config
     model_type = config.model_type
     if model_type in DECODER_TYPES:
@@ -165,7 +168,7 @@ class ModelRuntime:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: PreTrainedModel,
         tokenizer: Any,
         model_id: str,
         revision: str | None = None,
@@ -233,6 +236,12 @@ class ModelRuntime:
             ids[row, columns] = torch.as_tensor(seq, dtype=torch.long)
             mask[row, columns] = 1
         return Batch(indices, ids.to(self.device), mask.to(self.device))
+
+    @overload
+    def forward(self, batch: Batch) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, batch: Batch, stop_after: int) -> torch.Tensor | None: ...
 
     def forward(self, batch: Batch, stop_after: int | None = None) -> torch.Tensor | None:
         """Run the model on a batch and return the final hidden states (after the final norm).
@@ -317,7 +326,7 @@ def resolve_device(device: str) -> str:
 def resolve_dtype(dtype: str, device: str, config: Any = None, bfloat16_ok: bool = True) -> str:
     """``auto`` is float32 for strategies that half precision moves too far (``bfloat16_ok``
     false); otherwise bfloat16 on CUDA, float16 on MPS, and on a CPU what is measured faster there
-    for a model of ``config``'s shape (:mod:`ragidx.indexer.precision`).
+    for a model of ``config``'s shape (:mod:`ragidx.indexer.model.precision`).
     """
     if dtype not in DTYPES:
         raise RagidxError(f"unknown dtype '{dtype}': choose one of {', '.join(DTYPES)}")

@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from ragidx.indexer.cache import cache_dir
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
-from ragidx.indexer.quiet import quiet_transformers
+from ragidx.indexer.model.quiet import quiet_transformers
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ heading never fuses with the paragraph after it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.sources import PARAGRAPH_BREAK
+from ragidx.indexer.ingest.sources import PARAGRAPH_BREAK
 
 Span = tuple[int, int]
 RULE_BASED_SENTENCES = "blank:en+sentencizer"  # the spacy_model setting of the default splitter
@@ -25,7 +25,17 @@ class Chunk:
     start: int
     end: int
     token_count: int
-    sentences: list[Span] = field(default_factory=list)
+    sentences: list[Span] = field(default_factory=list)  # offsets into the document's text
+
+    @property
+    def relative_sentences(self) -> list[Span]:
+        """The sentence spans as offsets into the chunk's own text (what strategies read)."""
+        return relative_spans(self.sentences, self.start)
+
+
+def relative_spans(spans: Iterable[Sequence[int]], start: int) -> list[Span]:
+    """Spans into a document made relative to a part of it that begins at ``start``."""
+    return [(first - start, last - start) for first, last in spans]
 
 
 def _trim(text: str, start: int, end: int) -> Span:

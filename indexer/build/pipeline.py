@@ -9,22 +9,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ragidx import __version__
-from ragidx.indexer.changes import ChangePlan, plan_changes
-from ragidx.indexer.distributed import WorkerSpec, connect, embed_documents_on_ray
-from ragidx.indexer.embedding import Embedded, embed_records
+from ragidx.indexer.build.distributed import WorkerSpec, connect, embed_documents_on_ray
+from ragidx.indexer.build.embedding import Embedded, embed_records, read_record
+from ragidx.indexer.build.maintenance import reembed
+from ragidx.indexer.build.settings import BuildOptions, IndexSettings, resolve
+from ragidx.indexer.build.tuning import TuningReport, needs_tuning, tune_and_store
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.maintenance import reembed
-from ragidx.indexer.models import check_same_file, resolve_model
+from ragidx.indexer.ingest.changes import ChangePlan, plan_changes
+from ragidx.indexer.ingest.sources import ScanResult, SkippedFile, SourceDocument, scan
+from ragidx.indexer.model.sources import check_same_file, resolve_model
 from ragidx.indexer.progress import progress as progress_bar
-from ragidx.indexer.settings import BuildOptions, IndexSettings, resolve
-from ragidx.indexer.sources import ScanResult, SkippedFile, SourceDocument, read_document, scan
-from ragidx.indexer.store import Committed, DocumentRecord, IndexWriter, NextGeneration
+from ragidx.indexer.storage import Committed, DocumentRecord, IndexWriter, NextGeneration, StoreSpec
+from ragidx.indexer.storage.vector_index import VectorIndexSettings
 from ragidx.indexer.strategies import (
     load_runtime_for,
 )
-from ragidx.indexer.tuning import TuningReport, needs_tuning, tune_and_store
-from ragidx.indexer.vector_index import VectorIndexSettings
 
 EMBED_SLICE = 256  # chunks tokenised and embedded per step; bounds memory, not results
 
@@ -50,12 +52,17 @@ class BuildReport:
     total_chunks: int
     vector_index: VectorIndexSettings
     vector_index_rebuilt: str
-    store: dict[str, Any]  # where the vectors live (meta "store")
-    segments: int  # vector segments after this build (local store)
+    store: StoreSpec  # where the vectors live
+    segments: int  # parts of the vector store after this build (segment files; 0 in Milvus)
     segments_merged: str = ""  # what this build merged (for size or deletions), "" if nothing
     tuning: TuningReport | None = None  # when this build tuned the hybrid weights
     restored: int = 0  # chunks whose lost vectors this build re-embedded from their stored text
     fusion: dict[str, Any] | None = None  # the index's hybrid weights and the figures behind them
+
+    @property
+    def vectors_description(self) -> str:
+        """Where the vectors are and how they are indexed, in one line."""
+        return self.store.describe(self.vector_index, self.segments)
 
     @property
     def vectors_per_second(self) -> float:
@@ -80,7 +87,7 @@ class BuildReport:
             "total_chunks": self.total_chunks,
             "vector_index": self.vector_index.to_meta(),
             "vector_index_rebuilt": self.vector_index_rebuilt,
-            "store": self.store,
+            "store": self.store.to_meta(),
             "segments": self.segments,
             "segments_merged": self.segments_merged,
             "fusion": self.fusion,
@@ -121,7 +128,7 @@ def build(
         plan = plan_changes(scanned, indexed, paths)
         vector_index = resolution.vector_index
         restructure = resolution.restructures
-        lost = writer.lost_segments() if stored else []  # their chunks are re-embedded from stored text
+        lost = writer.lost_vectors() if stored else []  # their chunks are re-embedded from stored text
         if stored and not plan.to_embed and not lost and not resolution.changes_settings:
             committed = (
                 writer.remove_documents(plan.stale, vector_index=vector_index)
@@ -168,22 +175,20 @@ def build(
         resolution.refuse_incompatible(settings)
         if stored and not plan.changes_anything and not restructure and not lost:
             return _report(options, writer, plan, scanned.skipped, started, stored, None)
-        with writer.next_generation(plan.stale, not stored, vector_index, lost) as pending:
-            restored = pending.chunks_without_vectors() if lost else []  # of those surviving removals
-            if lost:
+        with writer.next_generation(plan.stale, not stored, vector_index, lost, resolution.store) as pending:
+            restored = pending.chunks_without_vectors() if lost else np.zeros(0, np.int64)
+            if lost:  # of the lost parts' chunks, those surviving this build's removals
                 pending.restore(restored, reembed(writer, strategy, restored))
             if options.ray:
                 spec = WorkerSpec(
-                    source,
-                    options.device,
-                    settings.dtype,
-                    options.trust_remote_code,
-                    name,
-                    strategy.params,
-                    strategy.batch,
-                    chunker.chunk_tokens,
-                    chunker.overlap_sentences,
-                    chunker.spacy_model,
+                    source=source,
+                    device=options.device,
+                    dtype=settings.dtype,
+                    trust_remote_code=options.trust_remote_code,
+                    strategy=name,
+                    params=strategy.params,
+                    batch=strategy.batch,
+                    chunker=chunker.settings,
                 )
                 embedded = embed_documents_on_ray(
                     plan.to_embed, spec, options.ray, workers, pending, options.progress
@@ -256,8 +261,8 @@ def _report(
         total_chunks=totals["chunks"],
         vector_index=VectorIndexSettings.from_meta(writer.meta),
         vector_index_rebuilt=committed.rebuilt if committed else "",
-        store=writer.meta.get("store") or settings.store,
-        segments=writer.segment_count(),
+        store=writer.store.spec,
+        segments=writer.vector_parts(),
         segments_merged=committed.merged if committed else "",
         tuning=tuning,
         fusion=writer.meta.get("fusion"),
@@ -290,12 +295,11 @@ def _embed_documents(
             group.clear()
 
         for document in documents:
-            fresh = read_document(Path(document.path))
-            if isinstance(fresh, SkippedFile):
-                embedded.skipped.append(fresh)
+            record = read_record(document.path, chunker)
+            if isinstance(record, SkippedFile):
+                embedded.skipped.append(record)
                 bar.update(1)
                 continue
-            record = DocumentRecord(fresh, chunker.chunk(fresh.text), fresh.metadata)
             group.append(record)
             embedded.count(record)
             if sum(len(r.chunks) for r in group) >= EMBED_SLICE:

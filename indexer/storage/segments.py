@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,7 @@ import numpy as np
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
-from ragidx.indexer.vector_index import (
+from ragidx.indexer.storage.vector_index import (
     VectorIndex,
     VectorIndexSettings,
     new_vector_index,
@@ -79,12 +79,14 @@ class Segment:
 
 
 def create_segment_tables(db: Database) -> None:
-    db["segments"].create(
+    db.table("segments").create(
         {"file": str, "kind": str, "ivf_lists": int, "trained_on": int, "ids": bytes},
         pk="file",
         if_not_exists=True,
     )
-    db["deletions"].create({"segment": str, "chunk_id": int}, pk=("segment", "chunk_id"), if_not_exists=True)
+    db.table("deletions").create(
+        {"segment": str, "chunk_id": int}, pk=("segment", "chunk_id"), if_not_exists=True
+    )
 
 
 class SegmentUnreadable(RagidxError):
@@ -96,14 +98,14 @@ class SegmentUnreadable(RagidxError):
         super().__init__(f"vector file {path} is {state}: run `ragidx check --repair` to re-embed it")
 
 
-def segment_files(db: Database, meta: dict[str, Any]) -> list[str]:
+def segment_files(db: Database, meta: Mapping[str, Any]) -> list[str]:
     """The committed generation's file names (no ids read)."""
     if meta.get("segmented"):
         return [row[0] for row in db.execute("select file from segments")]
     return [segment_file(int(meta["generation"]))] if meta.get("generation") else []
 
 
-def read_segments(db: Database, meta: dict[str, Any], directory: Path) -> list[Segment]:
+def read_segments(db: Database, meta: Mapping[str, Any], directory: Path) -> list[Segment]:
     """The committed segments, largest first. An index written before segments has one file,
     ``vectors-<generation>.faiss``, with its deletions in ``tombstones``; its ids are read from the
     file (once: the next commit stores them), and are empty when it cannot be read."""
@@ -159,7 +161,7 @@ def write_segments(db: Database, before: Sequence[Segment], after: Sequence[Segm
     stored = {row[0] for row in db.execute("select file from segments")}
     for segment in after:
         if segment.file not in stored:
-            db["segments"].insert(
+            db.table("segments").insert(
                 {
                     "file": segment.file,
                     "kind": segment.kind,
@@ -168,7 +170,11 @@ def write_segments(db: Database, before: Sequence[Segment], after: Sequence[Segm
                     "ids": np.ascontiguousarray(segment.ids, dtype=np.int64).tobytes(),
                 }
             )
-        old = kept[segment.file].deleted if segment.file in stored and segment.file in kept else []
+        old = (
+            kept[segment.file].deleted
+            if segment.file in stored and segment.file in kept
+            else np.zeros(0, np.int64)
+        )
         new = np.setdiff1d(segment.deleted, old)
         db.conn.executemany(
             "insert or ignore into deletions (segment, chunk_id) values (?, ?)",

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ragidx.indexer.build.pipeline import BuildReport, build
+from ragidx.indexer.build.settings import BuildOptions
 from ragidx.indexer.errors import IndexLocked, RagidxError
-from ragidx.indexer.pipeline import BuildReport, build
-from ragidx.indexer.settings import BuildOptions
-from ragidx.indexer.sources import READERS, normal_path
+from ragidx.indexer.ingest.sources import READERS, normal_path
 
 WATCH_HINT = "ragidx watch needs the watch extra: pip install 'ragidx[watch]'"
 TICK_MS = 200  # how often the loop looks at unsettled files when nothing happens

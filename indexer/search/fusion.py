@@ -4,7 +4,7 @@ Two methods, each with per-list weights: ``rrf``, weighted reciprocal rank fusio
 Σ_list w_list / (60 + rank) (equal weights are plain RRF), and ``minmax``, Σ_list w_list · the
 score min-max normalised over the list's candidates (cosine for dense, -BM25 for lexical), which
 keeps how far apart the scores are and not only their order. The method and weights an index
-uses come from its tuning (see :mod:`ragidx.indexer.tuning`), because how far each list can be
+uses come from its tuning (see :mod:`ragidx.indexer.build.tuning`), because how far each list can be
 trusted depends on the model and the corpus.
 """
 
@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ragidx.indexer.errors import RagidxError
 
 LISTS = ("dense", "lexical")
-METHODS = ("rrf", "minmax")
+Method = Literal["rrf", "minmax"]
+METHODS: tuple[str, ...] = get_args(Method)
 RRF_K = 60
 
 Ranking = Sequence[tuple[int, float]]

@@ -1,0 +1,1 @@
+"""Searching an index: dense, lexical and hybrid search, fusion, and snippets."""

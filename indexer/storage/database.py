@@ -1,0 +1,190 @@
+"""The SQLite side of an index: where it lives, its schema, its settings, and the rows a build
+writes. Every index keeps its documents, chunks, lexical tables and settings here, whichever
+vector store holds its vectors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.ingest.chunking import relative_spans
+from ragidx.indexer.storage.lexical import create_cjk_table
+from ragidx.indexer.storage.segments import create_segment_tables
+
+if TYPE_CHECKING:
+    from sqlite_utils import Database
+
+    from ragidx.indexer.ingest.chunking import Chunk, Span
+    from ragidx.indexer.ingest.sources import SourceDocument
+
+SCHEMA_VERSION = 1
+DB_NAME = "ragidx.db"
+LOCK_NAME = "build.lock"
+DEFAULT_INDEX_DIR = ".ragidx"
+SQL_BATCH = 500  # ids per "in (...)" list, well under SQLite's parameter limit
+
+
+def default_index_dir() -> Path:
+    """``$RAGIDX_INDEX`` or ``./.ragidx``."""
+    return Path(os.environ.get("RAGIDX_INDEX") or DEFAULT_INDEX_DIR)
+
+
+def no_index(directory: Path) -> RagidxError:
+    """The one error for a folder holding no committed index (none yet, or a first build running)."""
+    return RagidxError(
+        f"no index at {directory}: no build has completed there "
+        "(run `ragidx build PATH` first, or pass --index DIR)"
+    )
+
+
+def index_exists(directory: str | Path) -> bool:
+    """Whether ``directory`` holds an index database (committed or not)."""
+    return (Path(directory) / DB_NAME).is_file()
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    """A document and its chunks, ready to be written."""
+
+    source: SourceDocument
+    chunks: list[Chunk]
+    metadata: dict[str, Any]
+
+
+def connect(path: Path) -> Database:
+    """A connection any thread may use; callers that share one (the HTTP server) serialise access."""
+    from sqlite_utils import Database
+
+    db = Database(sqlite3.connect(str(path), check_same_thread=False))
+    db.execute("PRAGMA busy_timeout = 10000")
+    return db
+
+
+def create_schema(db: Database) -> None:
+    db.table("meta").create({"key": str, "value": str}, pk="key", if_not_exists=True)
+    db.table("documents").create(
+        {
+            "id": int,
+            "path": str,
+            "content_hash": str,
+            "size": int,
+            "mtime": float,
+            "title": str,
+            "kind": str,
+            "metadata": str,
+            "chunk_count": int,
+            "indexed_at": float,
+            "page_starts": str,
+        },
+        pk="id",
+        not_null={"path", "content_hash"},
+        if_not_exists=True,
+    )
+    if "page_starts" not in db["documents"].columns_dict:  # added with PDF support; null elsewhere
+        db.table("documents").add_column("page_starts", str)
+    db.table("documents").create_index(["path"], unique=True, if_not_exists=True)
+    db.table("chunks").create(
+        {
+            "id": int,
+            "document_id": int,
+            "ordinal": int,
+            "text": str,
+            "char_start": int,
+            "char_end": int,
+            "token_count": int,
+            "sentences": str,
+        },
+        pk="id",
+        foreign_keys=[("document_id", "documents", "id")],
+        if_not_exists=True,
+    )
+    db.table("chunks").create_index(["document_id"], if_not_exists=True)
+    create_segment_tables(db)
+    if not db["chunks_fts"].exists():
+        db.table("chunks").enable_fts(["text"], create_triggers=True, tokenize="porter")
+    create_cjk_table(db)
+
+
+def read_meta(db: Database) -> dict[str, Any]:
+    if not db["meta"].exists():
+        return {}
+    return {row["key"]: json.loads(row["value"]) for row in db["meta"].rows}
+
+
+def write_meta(db: Database, values: dict[str, Any]) -> None:
+    """Upsert settings inside the caller's transaction."""
+    db.table("meta").upsert_all(({"key": k, "value": json.dumps(v)} for k, v in values.items()), pk="key")
+
+
+def row_counts(db: Database) -> dict[str, int]:
+    return {"documents": db["documents"].count, "chunks": db["chunks"].count}
+
+
+def all_chunk_ids(db: Database) -> np.ndarray:
+    rows = db.execute("select id from chunks order by id").fetchall()
+    return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+
+
+def in_batches(ids: list[int]) -> list[list[int]]:
+    return [ids[i : i + SQL_BATCH] for i in range(0, len(ids), SQL_BATCH)]
+
+
+def relative_sentences(stored: str | None, start: int) -> list[Span]:
+    """A chunk's sentence spans as stored (JSON, offsets into its document) made relative to the
+    chunk's own text, which is what embedding and snippets read."""
+    return relative_spans(json.loads(stored or "[]"), start)
+
+
+# rule: (what is counted, detail, SQL counting the rows at fault, SQL repairing them)
+ROW_RULES = {
+    "orphan-chunks": (
+        "chunk",
+        "belonging to no document",
+        "select count(*) from chunks where document_id not in (select id from documents)",
+        "delete from chunks where document_id not in (select id from documents)",
+    ),
+    "chunk-counts": (
+        "document",
+        "with a wrong chunk count",
+        "select count(*) from documents d where chunk_count != "
+        "(select count(*) from chunks c where c.document_id = d.id)",
+        "update documents set chunk_count = "
+        "(select count(*) from chunks c where c.document_id = documents.id)",
+    ),
+}
+
+
+def document_row(record: DocumentRecord, now: float) -> dict[str, Any]:
+    source = record.source
+    return {
+        "path": source.path,
+        "content_hash": source.content_hash,
+        "size": source.size,
+        "mtime": source.mtime,
+        "title": source.title,
+        "kind": source.kind,
+        "metadata": json.dumps(record.metadata),
+        "chunk_count": len(record.chunks),
+        "indexed_at": now,
+        "page_starts": json.dumps(source.page_starts) if source.page_starts is not None else None,
+    }
+
+
+def chunk_row(chunk: Chunk, document_id: int, chunk_id: int) -> dict[str, Any]:
+    return {
+        "id": chunk_id,
+        "document_id": document_id,
+        "ordinal": chunk.ordinal,
+        "text": chunk.text,
+        "char_start": chunk.start,
+        "char_end": chunk.end,
+        "token_count": chunk.token_count,
+        "sentences": json.dumps(chunk.sentences),
+    }

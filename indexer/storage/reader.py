@@ -1,0 +1,218 @@
+"""Read access to a committed index: its settings, its vectors (through its vector store), and
+its rows, each read able to run inside one snapshot of a generation."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.ingest.sources import span_pages
+from ragidx.indexer.storage.database import (
+    DB_NAME,
+    SCHEMA_VERSION,
+    all_chunk_ids,
+    connect,
+    in_batches,
+    no_index,
+    read_meta,
+    relative_sentences,
+    row_counts,
+)
+from ragidx.indexer.storage.lexical import match_expression, rewrite_chunk_text
+from ragidx.indexer.storage.stores import store_from_meta
+from ragidx.indexer.storage.vector_store import LoadedVectors, VectorStore
+
+if TYPE_CHECKING:
+    from ragidx.indexer.ingest.chunking import Span
+    from ragidx.indexer.storage.filters import Filters
+
+
+class IndexReader:
+    """Read access to a committed index: its settings, its vectors, and its rows."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        path = self.directory / DB_NAME
+        if not path.is_file():
+            raise no_index(self.directory)
+        try:
+            self.db = connect(path)
+            self.meta = read_meta(self.db)
+        except sqlite3.DatabaseError as error:
+            raise RagidxError(f"index database {path} is unreadable: {error}") from error
+        if not self.meta.get("generation"):
+            raise no_index(self.directory)
+        if self.meta.get("schema_version") != SCHEMA_VERSION:
+            raise RagidxError(
+                f"index at {self.directory} has schema {self.meta.get('schema_version')}, this ragidx reads "
+                f"{SCHEMA_VERSION}: rebuild it"
+            )
+        self._store: VectorStore | None = None
+
+    @property
+    def store(self) -> VectorStore:
+        """The vector store the settings as last read name (a rebuild may have moved the vectors)."""
+        spec = store_from_meta(self.meta)
+        if self._store is None or self._store.spec != spec:
+            if self._store is not None:
+                self._store.close()
+            self._store = spec.open(self.directory)
+        return self._store
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """One read transaction: every read inside sees the same committed generation (WAL), even
+        while a build commits the next one."""
+        self.db.execute("begin")
+        try:
+            yield
+        finally:
+            self.db.execute("rollback")
+
+    def load_vectors(self, reuse: LoadedVectors | None = None) -> LoadedVectors | None:
+        """The vectors of ``meta["generation"]`` (parts ``reuse`` holds are not read again), or
+        None when a newer build already replaced one of them: take a new :meth:`snapshot` and read
+        the new generation."""
+        return self.store.load(self.db, self.meta, reuse)
+
+    def vector_parts(self) -> list[dict[str, Any]]:
+        """Each part of the vector store (segment file) with its kind and counts, largest first."""
+        return self.store.parts(self.db, self.meta)
+
+    def chunk_rows(self, chunk_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Chunks joined with their documents, keyed by chunk id (ids that no longer exist are
+        absent); ``sentences`` are spans into the chunk's own text."""
+        if not chunk_ids:
+            return {}
+        marks = ",".join("?" for _ in chunk_ids)
+        sql = f"""
+            select c.id as chunk_id, c.text, c.char_start, c.char_end, c.ordinal, c.token_count,
+                   c.sentences, d.path, d.title, d.metadata, d.id as document_id, {self._page_starts}
+            from chunks c join documents d on d.id = c.document_id
+            where c.id in ({marks})
+        """
+        found = {}
+        for row in self.db.query(sql, [int(i) for i in chunk_ids]):
+            page_starts = json.loads(row.pop("page_starts") or "null")
+            found[row["chunk_id"]] = {
+                **row,
+                "metadata": json.loads(row["metadata"] or "{}"),
+                "sentences": relative_sentences(row["sentences"], row["char_start"]),
+                "pages": span_pages(page_starts, row["char_start"], row["char_end"]),
+            }
+        return found
+
+    @functools.cached_property
+    def _page_starts(self) -> str:
+        """The page-starts column, or null for an index written before it existed."""
+        return (
+            "d.page_starts" if "page_starts" in self.db["documents"].columns_dict else "null as page_starts"
+        )
+
+    def filtered_chunk_ids(self, filters: Filters) -> np.ndarray:
+        """Ids of the chunks whose documents pass ``filters``, ascending."""
+        condition, params = filters.document_condition()
+        rows = self.db.execute(
+            f"select c.id from chunks c join documents d on d.id = c.document_id where {condition} "
+            "order by c.id",
+            params,
+        ).fetchall()
+        return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+
+    def lexical_search(
+        self, query: str, limit: int, filters: Filters | None = None
+    ) -> list[tuple[int, float]]:
+        """Chunk ids and BM25 scores (higher is better) from the FTS5 table, best first.
+
+        The query's words are each quoted, so FTS5 syntax in user text (quotes, ``*``, ``-``,
+        ``NEAR``, parentheses) is matched as plain words and never raises; content words are
+        OR-ed, as BM25 ranking expects (see :func:`match_expression`). Filters restrict the match
+        itself, so ``limit`` matching chunks come back whenever that many exist.
+        """
+        found = match_expression(query)
+        if found is None or not self.db[found[0]].exists():  # an index not written since CJK support
+            return []
+        table, match = found
+        restriction, params = "", list[Any]()
+        if filters:
+            condition, params = filters.document_condition()
+            restriction = (
+                " and rowid in (select c.id from chunks c join documents d on d.id = c.document_id "
+                f"where {condition})"
+            )
+        rows = self.db.execute(
+            f"select rowid, bm25({table}) from {table} where {table} match ?{restriction} "
+            f"order by bm25({table}), rowid limit ?",
+            [match, *params, int(limit)],
+        ).fetchall()
+        return [(int(rowid), -float(rank)) for rowid, rank in rows]
+
+    def document_ids(self, chunk_ids: Sequence[int]) -> dict[int, int]:
+        """Each chunk's document id (chunks that no longer exist are absent)."""
+        found: dict[int, int] = {}
+        for batch in in_batches([int(i) for i in chunk_ids]):
+            marks = ",".join("?" for _ in batch)
+            found.update(self.db.execute(f"select id, document_id from chunks where id in ({marks})", batch))
+        return found
+
+    def document_rows(self, path: str | None = None) -> list[dict[str, Any]]:
+        """Indexed documents (all, or the one at ``path``) by path: title, kind, content hash,
+        chunk count, metadata and page starts (null unless paged)."""
+        where, params = ("where path = ?", [path]) if path is not None else ("", [])
+        sql = f"""
+            select path, title, kind, content_hash, size, chunk_count, metadata, {self._page_starts}
+            from documents d {where} order by path
+        """
+        return [
+            {
+                **row,
+                "metadata": json.loads(row["metadata"] or "{}"),
+                "page_starts": json.loads(row["page_starts"] or "null"),
+            }
+            for row in self.db.query(sql, params)
+        ]
+
+    def counts(self) -> dict[str, int]:
+        return row_counts(self.db)
+
+    def reread_meta(self) -> dict[str, Any]:
+        """The settings as committed now (another process may have built or tuned since)."""
+        self.meta = read_meta(self.db)
+        return self.meta
+
+    def bytes_on_disk(self) -> int:
+        return sum(path.stat().st_size for path in self.directory.glob("*") if path.is_file())
+
+    def chunk_ids(self) -> np.ndarray:
+        return all_chunk_ids(self.db)
+
+    def chunk_source(self, chunk_id: int) -> tuple[int, int, str, list[Span]]:
+        """A chunk's id, document id, text and sentence spans (relative to its text)."""
+        found, document_id, text, start, sentences = self.db.execute(
+            "select id, document_id, text, char_start, sentences from chunks where id = ?", [int(chunk_id)]
+        ).fetchone()
+        return found, document_id, text, relative_sentences(sentences, start)
+
+    @contextlib.contextmanager
+    def chunk_text_replaced(self, chunk_id: int, text: str) -> Iterator[None]:
+        """Inside the block the chunk's full-text entry holds ``text``; the transaction is rolled
+        back on leaving, so nothing is ever committed (tuning scores a chunk's remainder this way)."""
+        self.db.execute("begin")
+        try:
+            rewrite_chunk_text(self.db, chunk_id, text)
+            yield
+        finally:
+            self.db.execute("rollback")
+
+    def close(self) -> None:
+        self.db.close()
+        if self._store is not None:
+            self._store.close()
