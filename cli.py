@@ -49,7 +49,7 @@ from ragidx.app.research.evaluation import (
     subsample,
 )
 from ragidx.app.research.plots import plot_calibration, plot_retrieval, plot_sts
-from ragidx.indexer.wording import counted, excerpt, page_label
+from ragidx.indexer.wording import counted, excerpt, page_label, shown
 
 MODEL_HELP = (
     "Model: a short name of a packaged model (see `ragidx models`), a .gguf file, a model folder, or a "
@@ -276,6 +276,12 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--spacy-model",
             default=None,
             help="Installed spaCy pipeline for sentences (default: rule-based).",
+        ),
+        click.option(
+            "--max-file-mb",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None,
+            help="Skip files larger than this many MiB (default: the index's, else 64).",
         ),
         _template_options,
         _strategy_options,
@@ -889,14 +895,29 @@ def bench(
 
 
 @cli.command()
-@click.argument("paths", nargs=-1, required=True)
+@click.argument("paths", nargs=-1)
 @_index_option
-def rm(paths: tuple[str, ...], index_dir: Path | None) -> None:
-    """Remove the indexed documents at or under PATHS (files may already be gone from disk)."""
+@click.option("--all", "everything", is_flag=True, help="Remove every indexed document.")
+@click.option("--dry-run", is_flag=True, help="List what would be removed; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def rm(
+    paths: tuple[str, ...], index_dir: Path | None, everything: bool, dry_run: bool, as_json: bool
+) -> None:
+    """Remove the indexed documents at or under PATHS (files may already be gone from disk).
+
+    A folder that holds every indexed document needs --all; an empty path is refused.
+    """
     with Index.open(index_dir) as index:
-        report = index.remove(paths)
+        report = index.remove(paths, everything=everything, dry_run=dry_run)
+    if as_json:
+        _print_json(report.to_dict())
+        return
+    verb = "would remove" if dry_run else "removed"
     for path in report.removed:
-        click.echo(f"removed {_display_path(path)}")
+        click.echo(f"{verb} {_display_path(path)}")
+    if dry_run:
+        click.echo(f"{counted(len(report.removed), 'document')} would be removed; nothing changed")
+        return
     click.echo(
         f"{counted(len(report.removed), 'document')} removed; generation {report.generation}: "
         f"{counted(report.documents, 'document')}, {counted(report.chunks, 'chunk')}"
@@ -939,6 +960,20 @@ def check(index_dir: Path | None, repair: bool, device: str, as_json: bool) -> N
     show_default=True,
     help="Largest request body accepted; larger ones get 413.",
 )
+@click.option(
+    "--token",
+    envvar="RAGIDX_TOKEN",
+    default=None,
+    help="Bearer token every request but the search page must carry (needed beyond loopback; "
+    "env RAGIDX_TOKEN).",
+)
+@click.option(
+    "--allow-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests for this Host name (a reverse proxy's, say); repeatable.",
+)
 def serve(
     index_dir: Path | None,
     device: str,
@@ -947,21 +982,32 @@ def serve(
     port: int,
     trust_remote_code: bool,
     max_body_bytes: int,
+    token: str | None,
+    allowed_hosts: tuple[str, ...],
 ) -> None:
-    """Serve the index over HTTP: /search, /embed, /health, /info, and a search page at /."""
-    try:
-        import uvicorn
+    """Serve the index over HTTP: /search, /embed, /health, /info, and a search page at /.
 
-        from ragidx.app.server import create_app
+    Only this machine can reach it by default (127.0.0.1, and only by its loopback names). To
+    listen beyond it, give --host and a --token that every request must carry.
+    """
+    try:
+        from ragidx.app.server import create_app, is_loopback, listening_socket, loopback_hosts, run
     except ImportError as error:
         raise _missing_extra("serve", "server", error) from None
 
+    if not is_loopback(host) and not token:
+        raise RagidxError(
+            f"listening on {host} serves the index beyond this machine: give it a --token "
+            "(or RAGIDX_TOKEN) that requests must carry"
+        )
+    hosts = [*allowed_hosts, *(loopback_hosts() if is_loopback(host) else ["*"])]
+    sock = listening_socket(host, port)
     index = Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     index.strategy  # noqa: B018 - load the model once, before the first request
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        click.echo(f"warning: listening on {host}: anyone who can reach it can read the index", err=True)
-    click.echo(f"serving {index.reader.directory} on http://{host}:{port}/", err=True)
-    uvicorn.run(create_app(index, max_body_bytes), host=host, port=port, log_level="warning")
+    address = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+    guarded = f"; requests need the bearer token (the search page: {address}#token=TOKEN)" if token else ""
+    click.echo(f"serving {index.reader.directory} on {address}{guarded}", err=True)
+    run(create_app(index, max_body_bytes, token=token, allowed_hosts=hosts), sock)
 
 
 def _missing_extra(command: str, extra: str, error: ImportError) -> RagidxError:
@@ -978,14 +1024,17 @@ def mcp_server(index_dir: Path | None, device: str, dtype: str | None, trust_rem
     """Serve the index to MCP clients (agents, editors) over stdio: tools search, get_document
     and status; the indexed documents as resources."""
     try:
+        import anyio
+
         from ragidx.app.mcp_server import create_server
+        from ragidx.app.mcp_stdio import serve as serve_mcp
     except ImportError as error:
         raise _missing_extra("mcp", "mcp", error) from None
 
     index = Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     server = create_server(index)
     threading.Thread(target=server.load_model, daemon=True).start()  # answer the handshake at once
-    server.run("stdio")
+    anyio.run(serve_mcp, server)
 
 
 @cli.command()
@@ -1058,11 +1107,12 @@ def strategies(as_json: bool) -> None:
 
 
 def _display_path(path: str) -> str:
-    """Paths under the working directory are shown relative to it."""
+    """Paths under the working directory are shown relative to it, control characters escaped
+    (a file name may hold a terminal escape sequence)."""
     try:
-        return os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path
+        return shown(os.path.relpath(path) if Path(path).is_relative_to(Path.cwd()) else path)
     except ValueError:
-        return path
+        return shown(path)
 
 
 def _quiet_stdout() -> None:

@@ -24,12 +24,13 @@ from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp_types import Resource, ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from ragidx import __version__
 from ragidx.app.retriever import Index, SearchOptions
-from ragidx.app.schemas import search_options, search_parameters
+from ragidx.app.schemas import search_options, search_parameters, validation_detail
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument, normal_path, read_document, span_pages
 
 DOCUMENT_CHARS = 20_000  # get_document's default slice: an agent asks for the next one by `start`
@@ -54,6 +55,22 @@ class IndexServer(MCPServer):
         """Load the index's model ahead of the first search; a failure is reported by that search."""
         with self.lock, contextlib.suppress(Exception):
             self.index.strategy  # noqa: B018 - loads it
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        """The SDK's call, with bad arguments told in one short line as the HTTP API tells them
+        (its own message is pydantic's whole dump, input values included)."""
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as error:
+            if isinstance(error.__cause__, ValidationError):
+                detail, _ = validation_detail(error.__cause__.errors())
+                raise ToolError(f"invalid arguments: {detail}") from None
+            raise
+
+    def access(self) -> FileAccess:
+        """What reading an indexed document again may open (see :mod:`ragidx.indexer.ingest.access`)."""
+        settings = self.index.settings
+        return settings.access([] if settings.roots else [row["path"] for row in self.documents()])
 
     def documents(self, path: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
@@ -81,18 +98,19 @@ class IndexServer(MCPServer):
         if not rows:
             raise ResourceNotFoundError(f"not an indexed document: {uri}")
         try:
-            text, _ = await to_thread.run_sync(current_text, rows[0])
+            text, _ = await to_thread.run_sync(current_text, rows[0], self.access())
         except RagidxError as error:
             raise ResourceError(str(error)) from None
         return [ReadResourceContents(content=text, mime_type="text/plain")]
 
 
-def current_text(row: dict[str, Any]) -> tuple[str, bool]:
+def current_text(row: dict[str, Any], access: FileAccess) -> tuple[str, bool]:
     """The document's text as ragidx extracts it now, and whether the file changed since indexing
-    (then the spans of its hits may no longer match)."""
+    (then the spans of its hits may no longer match). Only what ``access`` allows is opened: a
+    document swapped for a link to a file outside the index's folders, or for a FIFO, is refused."""
     try:
         stat = os.stat(row["path"])
-        document = _read(row["path"], stat.st_size, stat.st_mtime_ns)
+        document = _read(row["path"], stat.st_ino, stat.st_size, stat.st_mtime_ns, access)
     except OSError as error:
         raise RagidxError(f"{row['path']} cannot be read now: {error.strerror or error}") from None
     if isinstance(document, SkippedFile):
@@ -101,10 +119,12 @@ def current_text(row: dict[str, Any]) -> tuple[str, bool]:
 
 
 @functools.lru_cache(maxsize=8)
-def _read(path: str, size: int, mtime_ns: int) -> SourceDocument | SkippedFile:
+def _read(
+    path: str, inode: int, size: int, mtime_ns: int, access: FileAccess
+) -> SourceDocument | SkippedFile:
     """One extraction per file version: an agent reading a long PDF slice by slice calls again
     and again (a 100-page PDF takes ~0.4 s)."""
-    return read_document(Path(path))
+    return read_document(Path(path), access=access)
 
 
 def create_server(index: Index) -> IndexServer:
@@ -142,7 +162,7 @@ def create_server(index: Index) -> IndexServer:
             raise ToolError(f"not an indexed document: {path} (search returns the paths the index holds)")
         row = rows[0]
         try:
-            text, changed = current_text(row)
+            text, changed = current_text(row, server.access())
         except RagidxError as error:
             raise ToolError(str(error)) from None
         limit = len(text) if end is None else min(end, len(text))

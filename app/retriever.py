@@ -180,10 +180,13 @@ class Index:
         search fuses (see :meth:`SearchEngine.rankings`)."""
         return self.engine.rankings(queries, depth, vectors)
 
-    def remove(self, paths: Sequence[str | Path]) -> RemoveReport:
+    def remove(
+        self, paths: Sequence[str | Path] = (), *, everything: bool = False, dry_run: bool = False
+    ) -> RemoveReport:
         """Drop the indexed documents at or under ``paths`` (which need not exist on disk any more)
-        in a new generation, as ``ragidx rm`` does."""
-        report = remove(paths, self.reader.directory)
+        in a new generation, as ``ragidx rm`` does: a folder holding every document needs
+        ``everything=True``; ``dry_run`` only reports what would go."""
+        report = remove(paths, self.reader.directory, everything, dry_run)
         self.refresh()
         return report
 

@@ -10,6 +10,7 @@ and in the MCP tool without being written again.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model
@@ -64,6 +65,26 @@ class WeightsBody(BaseModel):
 
 
 COMPOSITE_BODIES: dict[str, type[BaseModel]] = {"filters": FilterBody, "weights": WeightsBody}
+
+
+SHOWN_CHARS = 40  # of a field name in an error
+
+
+def _shown(part: str | int) -> str | int:
+    """A field name or list index from an error's location, short and encodable."""
+    if isinstance(part, int):
+        return part
+    text = str(part).encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+
+def validation_detail(found: Sequence[Any]) -> tuple[str, list[dict[str, Any]]]:
+    """pydantic's errors as one line naming where and what (``k: Input should be ...``) and a
+    list without the input values (they may be huge, or not encodable: NaN, lone surrogates)."""
+    errors = [{"loc": [_shown(part) for part in e["loc"]], "type": e["type"], "msg": e["msg"]} for e in found]
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"] if part != "body")
+    return (f"{where}: {first['msg']}" if where else first["msg"]), errors
 
 
 def option_annotation(spec: SearchOptionSpec) -> Any:

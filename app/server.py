@@ -11,35 +11,32 @@ file to open. Bodies are bounded (:class:`BodyLimit`) and errors never echo the 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import json
+import socket
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ragidx import __version__
 from ragidx.app.batching import SearchBatcher
+from ragidx.app.http_limits import limited_protocol
 from ragidx.app.retriever import Index, SearchOptions
-from ragidx.app.schemas import EmbedBody, SearchBody, search_options
+from ragidx.app.schemas import EmbedBody, SearchBody, search_options, validation_detail
 from ragidx.indexer.errors import RagidxError
 
 MAX_BODY_BYTES = 1_000_000  # default bound on a request body (`ragidx serve --max-body-bytes`)
-SHOWN_CHARS = 40  # of a field name in an error
+OPEN_PATHS = ("/",)  # the search page: static, holds no index data; it sends the token itself
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-
-def _shown(part: str | int) -> str | int:
-    """A field name or list index from an error's location, short and encodable."""
-    if isinstance(part, int):
-        return part
-    text = str(part).encode("utf-8", "replace").decode("utf-8")
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 class BodyLimit:
@@ -84,9 +81,45 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": detail})
 
 
-def create_app(index: Index, max_body_bytes: int = MAX_BODY_BYTES) -> BodyLimit:
-    """The application serving ``index``; call ``index.strategy`` first to load the model up front."""
-    app = FastAPI(title="ragidx", version=__version__, docs_url="/docs", redoc_url=None)
+class TokenCheck:
+    """ASGI middleware: every request but the search page needs ``Authorization: Bearer TOKEN``
+    (compared in constant time); others get 401."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], token: str):
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                detail = b'{"detail": "a bearer token is needed: Authorization: Bearer TOKEN"}'
+                headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": detail})
+                return
+        await self.app(scope, receive, send)
+
+
+def loopback_hosts() -> list[str]:
+    """The names a browser on this machine reaches a loopback server by."""
+    return ["127.0.0.1", "localhost", "::1", "[::1]"]
+
+
+def create_app(
+    index: Index,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    *,
+    token: str | None = None,
+    allowed_hosts: Sequence[str] | None = None,
+) -> Callable[..., Awaitable[None]]:
+    """The application serving ``index``; call ``index.strategy`` first to load the model up front.
+
+    ``allowed_hosts``: the ``Host`` headers answered (default: this machine's loopback names), so a
+    web page cannot reach the server by a name it controls (DNS rebinding); ``["*"]`` answers
+    any. ``token``: a bearer token every request but the search page must carry.
+    """
+    app = FastAPI(title="ragidx", version=__version__, docs_url=None, redoc_url=None)
     lock = threading.Lock()
     batcher = SearchBatcher(index, lock)
     page = resources.files("ragidx.app").joinpath("static/search.html").read_text(encoding="utf-8")
@@ -95,13 +128,7 @@ def create_app(index: Index, max_body_bytes: int = MAX_BODY_BYTES) -> BodyLimit:
     def invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
         """One line per problem, naming where and what, never the input (it may be huge, or not
         encodable: NaN, lone surrogates)."""
-        errors = [
-            {"loc": [_shown(part) for part in e["loc"]], "type": e["type"], "msg": e["msg"]}
-            for e in error.errors()
-        ]
-        first = errors[0]
-        where = ".".join(str(part) for part in first["loc"] if part != "body")
-        detail = f"{where}: {first['msg']}" if where else first["msg"]
+        detail, errors = validation_detail(error.errors())
         return JSONResponse(status_code=422, content={"detail": detail, "errors": errors})
 
     @app.exception_handler(RagidxError)
@@ -137,4 +164,37 @@ def create_app(index: Index, max_body_bytes: int = MAX_BODY_BYTES) -> BodyLimit:
             vectors = index.embed(body.texts, body.role)
         return {"role": body.role, "dimension": int(vectors.shape[1]), "vectors": vectors.tolist()}
 
-    return BodyLimit(app, max_body_bytes)
+    guarded: Callable[..., Awaitable[None]] = BodyLimit(app, max_body_bytes)
+    if token:
+        guarded = TokenCheck(guarded, token)
+    return TrustedHostMiddleware(guarded, allowed_hosts=list(allowed_hosts or loopback_hosts()))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable only from this machine."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound and listening on ``host:port``, made before the model loads, so a busy port
+    is one line at once rather than a failure after a minute of loading."""
+    try:
+        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+    except OSError as error:
+        raise RagidxError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sock
+
+
+def run(app: Callable[..., Awaitable[None]], sock: socket.socket) -> None:
+    """Serve ``app`` on ``sock`` until interrupted, each request bounded by :mod:`.http_limits`."""
+    import uvicorn
+
+    config = uvicorn.Config(app, http=limited_protocol(), log_level="warning")
+    uvicorn.Server(config).run(sockets=[sock])

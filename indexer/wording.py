@@ -23,6 +23,19 @@ def encodable(text: str) -> bool:
     return True
 
 
+def shown(text: str) -> str:
+    """``text`` safe to print: control characters (a terminal escape sequence in a file name) and
+    bytes that are not UTF-8 (lone surrogates from the file system) are escaped, the rest kept."""
+    try:  # a file system name's undecodable bytes come back as the bytes they were: \xff
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # other lone surrogates (from JSON): \ud800
+        raw = text.encode("utf-8", "backslashreplace")
+    escaped = raw.decode("utf-8", "backslashreplace")
+    return "".join(
+        c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in escaped
+    )
+
+
 def page_label(pages: list[int] | None) -> str:
     """``p. 3`` or ``pp. 3-4`` for a span of a paged document; empty for others."""
     if not pages:

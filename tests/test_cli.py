@@ -307,8 +307,9 @@ def test_corrupt_database_is_a_one_line_error(built, tmp_path):
     (broken / "ragidx.db").write_bytes(b"garbage" * 1000)
     for leftover in broken.glob("ragidx.db-*"):
         leftover.unlink()
-    assert_one_line_error(ragidx("query", "x", "--index", broken, check=False), "unreadable")
-    assert_one_line_error(ragidx("info", "--index", broken, check=False), "unreadable")
+    for command in ("query", "info"):
+        args = (command, "x", "--index", broken) if command == "query" else (command, "--index", broken)
+        assert_one_line_error(ragidx(*args, check=False), "is not a ragidx index database")
     debug = ragidx("--debug", "info", "--index", broken, check=False)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 

@@ -27,6 +27,7 @@ OPTIONAL_EXTRAS = {
     "uvicorn",
     "fastapi",
     "mcp",
+    "anyio",  # with mcp
     "watchfiles",
     "matplotlib",
     "ray",
@@ -34,7 +35,7 @@ OPTIONAL_EXTRAS = {
     "milvus_lite",
 }
 # cli imports the server and MCP modules only when asked: each needs its optional extra.
-LOCAL_OWN_IMPORTS = {"cli": {"app.server", "app.mcp_server"}}
+LOCAL_OWN_IMPORTS = {"cli": {"app.server", "app.mcp_server", "app.mcp_stdio"}}
 
 
 @pytest.fixture(scope="module")

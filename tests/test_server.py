@@ -40,7 +40,7 @@ def app(index):
 
 @pytest.fixture(scope="module")
 def client(app):
-    return TestClient(app)
+    return TestClient(app, base_url="http://localhost")
 
 
 def search_result(index: Index, query: str, **kwargs) -> list[tuple[int, float]]:
@@ -170,7 +170,7 @@ def test_filters_past_what_sqlite_takes_get_422(client):
 
 
 def test_bodies_are_bounded_and_never_echoed(index):
-    client = TestClient(create_app(index, max_body_bytes=100_000))
+    client = TestClient(create_app(index, max_body_bytes=100_000), base_url="http://localhost")
     big = client.post("/search", json={"query": "tides " * 50_000})
     assert big.status_code == 413 and big.json() == {"detail": "request body larger than 100000 bytes"}
 
@@ -206,7 +206,7 @@ def test_concurrent_searches_share_forward_passes(index):
 
         async def fire() -> list:
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
                 return await asyncio.gather(
                     *(http.post("/search", json={"query": q, "k": 3}) for q in queries)
                 )
@@ -237,7 +237,7 @@ def test_concurrent_requests_get_the_answers_of_sequential_ones(app, index):
 
     async def fire() -> list:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             searches = [http.post("/search", json={"query": q, "k": 3}) for q in queries * 4]
             embeds = [http.post("/embed", json={"texts": [q]}) for q in queries * 2]
             return await asyncio.gather(*searches, *embeds)

@@ -88,7 +88,8 @@ def test_readers_explain_missing_empty_and_corrupt_indexes(tmp_path):
         IndexReader(tmp_path / "running")  # a first build still writing: the same story
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "ragidx.db").write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(RagidxError, match="unreadable"):
+    with pytest.raises(RagidxError, match="is not a ragidx index database"):
         IndexReader(tmp_path / "bad")
-    with pytest.raises(RagidxError, match="unreadable"):
+    with pytest.raises(RagidxError, match="is not a ragidx index database"):
         IndexWriter(tmp_path / "bad")
+    assert (tmp_path / "bad" / "ragidx.db").read_bytes() == b"this is not sqlite" * 100  # left alone

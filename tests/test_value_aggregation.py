@@ -235,8 +235,6 @@ def test_gemma_attention_output_before_its_norm_and_older_indexes(arch, runtimes
     older = strategy_from_index("aligned-wva", runtimes[arch], stored)
     assert (after.options.attention_norm, older.options.attention_norm) == ("after", "before")
     text = preprocess_for_prompt(TEXTS[0])
-    expected = expected_vector(
-        arch, plain_models, "aligned-wva before norm", text, FUTUREEOL, older.layers
-    )
+    expected = expected_vector(arch, plain_models, "aligned-wva before norm", text, FUTUREEOL, older.layers)
     np.testing.assert_allclose(older.encode([TEXTS[0]])[0], expected, atol=1e-4)
     assert np.abs(older.encode([TEXTS[0]])[0] - after.encode([TEXTS[0]])[0]).max() > 1e-3

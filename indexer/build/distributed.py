@@ -23,6 +23,7 @@ import numpy as np
 
 from ragidx.indexer.build.embedding import Embedded, embed_records, read_record
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument
 from ragidx.indexer.model.sources import ModelSource
@@ -47,6 +48,7 @@ class WorkerSpec:
     params: dict[str, Any]
     batch: BatchSettings
     chunker: dict[str, Any]  # the build's Chunker.settings
+    access: FileAccess  # what the build may open
 
 
 @dataclass
@@ -74,12 +76,13 @@ class DocumentEmbedder:
         )
         self.strategy: Strategy = strategy_from_index(spec.strategy, runtime, spec.params, batch=spec.batch)
         self.chunker = Chunker(runtime.tokenizer, **spec.chunker)
+        self.access = spec.access
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         records: list[DocumentRecord] = []
         skipped: list[SkippedFile] = []
         for path in batch["path"]:
-            record = read_record(str(path), self.chunker)
+            record = read_record(str(path), self.chunker, self.access)
             if isinstance(record, SkippedFile):
                 skipped.append(record)
             else:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import SkippedFile, read_document
 from ragidx.indexer.storage import DocumentRecord
@@ -34,10 +35,10 @@ class Embedded:
         self.tokens += sum(chunk.token_count for chunk in record.chunks)
 
 
-def read_record(path: str, chunker: Chunker) -> DocumentRecord | SkippedFile:
+def read_record(path: str, chunker: Chunker, access: FileAccess) -> DocumentRecord | SkippedFile:
     """A document read again and chunked for embedding (the scan keeps no text), or why it can no
-    longer be read."""
-    fresh = read_document(Path(path))
+    longer be read (``access``: the build's, so a file swapped for a link meanwhile is refused)."""
+    fresh = read_document(Path(path), access=access)
     if isinstance(fresh, SkippedFile):
         return fresh
     return DocumentRecord(fresh, chunker.chunk(fresh.text), fresh.metadata)

@@ -11,9 +11,10 @@ import numpy as np
 
 from ragidx.indexer.build.settings import IndexSettings
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.ingest.changes import absolute_roots, under
+from ragidx.indexer.ingest.access import under
+from ragidx.indexer.ingest.changes import absolute_roots
 from ragidx.indexer.storage import IndexWriter, index_exists, no_index
-from ragidx.indexer.storage.database import ROW_RULES
+from ragidx.indexer.storage.database import ROW_RULES, damage
 from ragidx.indexer.wording import counted
 
 if TYPE_CHECKING:
@@ -22,38 +23,65 @@ if TYPE_CHECKING:
 
 @dataclass
 class RemoveReport:
-    removed: list[str]
+    removed: list[str]  # with ``dry_run``: what would be removed
     generation: int
     documents: int
     chunks: int
+    dry_run: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return vars(self)
 
 
-def remove(paths: Sequence[str | Path], index_dir: Path) -> RemoveReport:
-    """Drop the indexed documents at or under ``paths`` (which need not exist on disk any more)."""
-    if not paths:
-        raise RagidxError("give at least one indexed file or folder to remove")
+def remove(
+    paths: Sequence[str | Path], index_dir: Path, everything: bool = False, dry_run: bool = False
+) -> RemoveReport:
+    """Drop the indexed documents at or under ``paths`` (which need not exist on disk any more),
+    or every document with ``everything``; ``dry_run`` only says which.
+
+    An empty path (an unset shell variable) is refused, not read as the current folder, and so is
+    a folder that holds every indexed document unless ``everything`` says that is meant: one
+    keystroke must not empty an index.
+    """
+    if everything and paths:
+        raise RagidxError("give paths to remove, or --all, not both")
+    if not paths and not everything:
+        raise RagidxError("give at least one indexed file or folder to remove (or --all)")
+    if any(not str(path).strip() for path in paths):
+        raise RagidxError("an empty path would mean the current folder: give the file or folder to remove")
     roots = absolute_roots(paths)
     with _open_existing(index_dir) as writer:
-        targets = {path: doc_id for path, (doc_id, _) in writer.documents().items() if under(path, roots)}
+        indexed = writer.documents()
+        targets = {path: doc_id for path, (doc_id, _) in indexed.items() if everything or under(path, roots)}
         if not targets:
             raise RagidxError(f"no indexed document at or under {', '.join(map(str, paths))}")
+        named = all(any(form in indexed for form in absolute_roots([path])) for path in paths)
+        if len(targets) == len(indexed) > 1 and not everything and not named:
+            raise RagidxError(
+                f"{', '.join(map(str, paths))} holds every indexed document ({len(indexed)}): "
+                "pass --all to remove them all, or --dry-run to list them"
+            )
+        counts = writer.counts()
+        if dry_run:
+            return RemoveReport(sorted(targets), int(writer.meta["generation"]), **counts, dry_run=True)
         generation = writer.remove_documents(list(targets.values())).generation
         counts = writer.counts()
     return RemoveReport(sorted(targets), generation, counts["documents"], counts["chunks"])
 
 
-def _open_existing(index_dir: Path, clean_stale: bool = True) -> IndexWriter:
+def _open_existing(index_dir: Path, tidy: bool = True) -> IndexWriter:
     """Write access to an index that has a committed generation; never creates one."""
     missing = no_index(Path(index_dir))
     if not index_exists(index_dir):
         raise missing
-    writer = IndexWriter(index_dir, clean_stale)
+    writer = IndexWriter(index_dir, tidy)
     if not writer.meta.get("generation"):
         writer.close()
         raise missing
     return writer
 
 
+REBUILD = "`ragidx build PATH... --rebuild` makes the index again from your documents"
 UNIT_NORM_TOLERANCE = 1e-3  # every strategy stores unit vectors; float32 rounding stays far inside this
 
 
@@ -91,8 +119,12 @@ def check(index_dir: Path, repair: bool = False, device: str = "auto") -> CheckR
     (loaded on ``device``). Each repair that touches vectors commits a new generation, so readers
     never see a half-repaired index.
     """
-    with _open_existing(index_dir, clean_stale=False) as writer:
+    with _open_existing(index_dir, tidy=False) as writer:
         report = CheckReport(int(writer.meta["generation"]))
+        damaged = damage(writer.db)
+        if damaged:  # nothing else read from the file can be trusted, and nothing is written onto it
+            report.problems.append(Problem("database", f"SQLite quick_check: {damaged}; {REBUILD}", False))
+            return report
         _check_files(writer, report, repair)
         _check_fts(writer, report, repair)
         for kind, (noun, detail, *_) in ROW_RULES.items():
@@ -137,6 +169,13 @@ def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, devic
     for _, why in inspection.unreadable:
         report.problems.append(Problem("vectors", why, repair))
     ids, vectors = inspection.ids, inspection.vectors
+    dimension = int(writer.meta.get("dimension") or 0)
+    if vectors.size and vectors.shape[1] != dimension:
+        detail = (
+            f"the vectors have {vectors.shape[1]} dimensions, the index's settings say {dimension}; {REBUILD}"
+        )
+        report.problems.append(Problem("dimension", detail, False))
+        return
     chunk_ids = writer.chunk_ids()
     extra = np.setdiff1d(ids, chunk_ids)
     missing = np.setdiff1d(chunk_ids, ids)
@@ -151,10 +190,13 @@ def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, devic
                 " not finite or not of unit length" if kind == "damaged-vectors" else ""
             )
             report.problems.append(Problem(kind, detail, repair))
+    if inspection.misrecorded:
+        detail = f"{counted(len(inspection.misrecorded), 'segment')} whose recorded ids differ from its file"
+        report.problems.append(Problem("segment-records", detail, repair))
+    if repair and inspection.fix_records is not None:  # so that deletions find what the store holds
+        inspection.fix_records()
     if not repair or not (len(extra) or len(missing) or len(damaged) or inspection.unreadable):
         return
-    if inspection.fix_records is not None:  # so that the deletions below find what the store holds
-        inspection.fix_records()
     restored = np.union1d(missing, damaged)
     with writer.next_generation(dropped=[name for name, _ in inspection.unreadable]) as pending:
         if len(restored):

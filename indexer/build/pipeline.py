@@ -18,15 +18,15 @@ from ragidx.indexer.build.maintenance import reembed
 from ragidx.indexer.build.settings import BuildOptions, IndexSettings, resolve
 from ragidx.indexer.build.tuning import TuningReport, needs_tuning, tune_and_store
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.changes import ChangePlan, plan_changes
+from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import ScanResult, SkippedFile, SourceDocument, scan
 from ragidx.indexer.model.sources import check_same_file, resolve_model
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.storage import Committed, DocumentRecord, IndexWriter, NextGeneration, StoreSpec
 from ragidx.indexer.storage.vector_index import VectorIndexSettings
-from ragidx.indexer.strategies import (
-    load_runtime_for,
-)
+from ragidx.indexer.strategies import Strategy, load_runtime_for
 
 EMBED_SLICE = 256  # chunks tokenised and embedded per step; bounds memory, not results
 
@@ -124,7 +124,9 @@ def build(
         resolution = resolve(options, IndexSettings.from_meta(writer.meta))
         stored = resolution.stored
         indexed = writer.documents() if stored else {}
-        scanned = _scan(paths, options.index_dir, {path: found[1] for path, found in indexed.items()})
+        access = resolution.access(paths)
+        known = {path: found[1] for path, found in indexed.items()}
+        scanned = _scan(paths, options.index_dir, known, access)
         plan = plan_changes(scanned, indexed, paths)
         vector_index = resolution.vector_index
         restructure = resolution.restructures
@@ -154,7 +156,7 @@ def build(
             if loaded is not None:
                 loaded.clear()
                 loaded[arguments] = runtime
-        name, reason = resolution.strategy_name(runtime, scanned.documents)
+        name, reason = resolution.strategy_name(runtime, scanned.documents, access)
         strategy = resolution.strategy(name, runtime)
         chunker = resolution.chunker(runtime, strategy)
         settings = IndexSettings(
@@ -171,6 +173,8 @@ def build(
             dtype=str(runtime.dtype).removeprefix("torch."),
             vector_index=vector_index,
             store=resolution.store,
+            roots=resolution.roots(access),
+            max_file_bytes=access.max_bytes,
         )
         resolution.refuse_incompatible(settings)
         if stored and not plan.changes_anything and not restructure and not lost:
@@ -189,12 +193,15 @@ def build(
                     params=strategy.params,
                     batch=strategy.batch,
                     chunker=chunker.settings,
+                    access=access,
                 )
                 embedded = embed_documents_on_ray(
                     plan.to_embed, spec, options.ray, workers, pending, options.progress
                 )
             else:
-                embedded = _embed_documents(plan.to_embed, chunker, strategy, pending, options.progress)
+                embedded = _embed_documents(
+                    plan.to_embed, chunker, strategy, access, pending, options.progress
+                )
             embedded.restored = len(restored)
             meta = {**settings.to_meta(), "ragidx_version": __version__}
             committed = pending.commit(meta)
@@ -203,9 +210,11 @@ def build(
         return _report(options, writer, plan, skipped, started, settings, committed, embedded, tuning)
 
 
-def _scan(paths: Sequence[str | Path], index_dir: Path, known: dict[str, str]) -> ScanResult:
+def _scan(
+    paths: Sequence[str | Path], index_dir: Path, known: dict[str, str], access: FileAccess
+) -> ScanResult:
     """The documents under ``paths`` (texts dropped; files whose hash is ``known`` not extracted)."""
-    scanned = scan(paths, exclude=index_dir, keep_text=False, known=known)
+    scanned = scan(paths, exclude=index_dir, keep_text=False, known=known, access=access)
     if not scanned.documents:
         detail = (
             f" ({len(scanned.skipped)} skipped: {describe_skips(scanned.skipped)})" if scanned.skipped else ""
@@ -214,7 +223,7 @@ def _scan(paths: Sequence[str | Path], index_dir: Path, known: dict[str, str]) -
     return scanned
 
 
-def _tune(options: BuildOptions, writer: IndexWriter, strategy: Any, fresh: bool) -> TuningReport | None:
+def _tune(options: BuildOptions, writer: IndexWriter, strategy: Strategy, fresh: bool) -> TuningReport | None:
     """Tune the hybrid weights of a new index, or of one whose size moved enough since its tuning.
 
     A fresh index built with ``tune=False`` drops the weights a previous index left in the meta:
@@ -271,7 +280,12 @@ def _report(
 
 
 def _embed_documents(
-    documents: Sequence[SourceDocument], chunker: Any, strategy: Any, pending: NextGeneration, progress: bool
+    documents: Sequence[SourceDocument],
+    chunker: Chunker,
+    strategy: Strategy,
+    access: FileAccess,
+    pending: NextGeneration,
+    progress: bool,
 ) -> Embedded:
     """Re-read, chunk and embed ``documents`` a group at a time, handing each group's rows and
     vectors to ``pending`` at once, so memory holds one group's texts, not the corpus's.
@@ -295,7 +309,7 @@ def _embed_documents(
             group.clear()
 
         for document in documents:
-            record = read_record(document.path, chunker)
+            record = read_record(document.path, chunker, access)
             if isinstance(record, SkippedFile):
                 embedded.skipped.append(record)
                 bar.update(1)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES, FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import SourceDocument, read_document
 from ragidx.indexer.model.runtime import ModelRuntime, default_model
@@ -33,6 +34,7 @@ from ragidx.indexer.strategies import (
     strategy_from_index,
 )
 from ragidx.indexer.strategies.auto import choose_strategy
+from ragidx.indexer.wording import excerpt
 
 # Options only some strategies take (each strategy refuses the ones it does not).
 STRATEGY_OPTIONS = tuple(spec.name for spec in OPTION_SPECS)
@@ -57,12 +59,25 @@ class IndexSettings:
     dtype: str = ""  # empty for indexes written before the dtype was stored
     vector_index: VectorIndexSettings = field(default_factory=VectorIndexSettings)
     store: StoreSpec = field(default_factory=lambda: store_from_meta({}))
+    roots: tuple[str, ...] = ()  # the real paths of what was indexed: nothing outside is ever read
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> IndexSettings | None:
         """The settings of a committed index; None where nothing was committed yet."""
         if not meta.get("generation"):
             return None
+        try:
+            return cls._read(meta)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            what = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+            raise RagidxError(
+                f"the index's settings are damaged ({excerpt(what)} is missing or wrong): "
+                "`ragidx build PATH... --rebuild` makes the index again from your documents"
+            ) from None
+
+    @classmethod
+    def _read(cls, meta: Mapping[str, Any]) -> IndexSettings:
         return cls(
             model=meta["model"],
             strategy=meta["strategy"],
@@ -77,6 +92,8 @@ class IndexSettings:
             dtype=str(meta.get("dtype") or ""),
             vector_index=VectorIndexSettings.from_meta(meta),
             store=store_from_meta(meta),
+            roots=tuple(meta.get("roots") or ()),
+            max_file_bytes=int(meta.get("max_file_bytes") or DEFAULT_MAX_FILE_BYTES),
         )
 
     @classmethod
@@ -89,7 +106,12 @@ class IndexSettings:
 
     def to_meta(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {**values, "vector_index": self.vector_index.to_meta(), "store": self.store.to_meta()}
+        return {
+            **values,
+            "vector_index": self.vector_index.to_meta(),
+            "store": self.store.to_meta(),
+            "roots": list(self.roots),
+        }
 
     @property
     def model_identity(self) -> dict[str, Any]:
@@ -106,6 +128,12 @@ class IndexSettings:
         chosen = dtype or self.dtype or "auto"
         runtime = load_runtime_for(source, device, chosen, trust_remote_code, [self.strategy])
         return strategy_from_index(self.strategy, runtime, self.strategy_params)
+
+    def access(self, documents: Sequence[str] = ()) -> FileAccess:
+        """What serving this index may open again: regular files inside its roots (an index written
+        before roots were stored: the folders of its ``documents``)."""
+        roots = self.roots or tuple(sorted({str(Path(path).parent) for path in documents}))
+        return FileAccess(roots, self.max_file_bytes)
 
     @property
     def chosen_automatically(self) -> bool:
@@ -147,6 +175,7 @@ class BuildOptions:
     store: str | None = None  # "local" (segments) or "milvus"
     milvus_uri: str | None = None
     milvus_collection: str | None = None
+    max_file_mb: float | None = None  # files larger than this are skipped (default: the index's, else 64)
 
 
 def split_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -209,6 +238,21 @@ class Resolution:
             nprobe=given.nprobe,
         )
 
+    def access(self, paths: Sequence[str | Path]) -> FileAccess:
+        """What this build may open: regular files under ``paths``, up to the size limit given,
+        else the index's own."""
+        if self.given.max_file_mb is not None:
+            limit = int(self.given.max_file_mb * 2**20)
+        else:
+            limit = self.previous.max_file_bytes if self.previous else DEFAULT_MAX_FILE_BYTES
+        return FileAccess.under(paths, limit)
+
+    def roots(self, access: FileAccess) -> tuple[str, ...]:
+        """The index's roots after this build: its own and this build's (only this build's when it
+        replaces the index)."""
+        kept = self.stored.roots if self.stored else ()
+        return tuple(sorted({*kept, *access.roots}))
+
     @property
     def restructures(self) -> bool:
         """Whether the vector index type or parameters given differ from the index's own."""
@@ -237,13 +281,15 @@ class Resolution:
             given.strategy_options or given.document_template or given.query_template or given.max_length
         )
 
-    def strategy_name(self, runtime: ModelRuntime, documents: Sequence[SourceDocument]) -> tuple[str, str]:
+    def strategy_name(
+        self, runtime: ModelRuntime, documents: Sequence[SourceDocument], access: FileAccess
+    ) -> tuple[str, str]:
         """The strategy's name and the reason it was chosen (stored in the index and printed)."""
         given, inherited = self.given, self.inherited
         if given.strategy == "auto":
             if not given.rebuild and inherited and inherited.chosen_automatically:
                 return inherited.strategy, inherited.strategy_reason
-            counts = [len(runtime.tokenizer(text)["input_ids"]) for text in _texts(documents)]
+            counts = [len(runtime.tokenizer(text)["input_ids"]) for text in _texts(documents, access)]
             return choose_strategy(counts, default_strategy(runtime.model.config)[0], LONG_DOCUMENT_STRATEGY)
         if given.strategy:
             return given.strategy, "given with --strategy"
@@ -319,9 +365,9 @@ def resolve(given: BuildOptions, previous: IndexSettings | None) -> Resolution:
     return resolution
 
 
-def _texts(documents: Sequence[SourceDocument]) -> Iterator[str]:
+def _texts(documents: Sequence[SourceDocument], access: FileAccess) -> Iterator[str]:
     """The documents' texts, read again one at a time (the scan keeps none); unreadable ones are left out."""
     for document in documents:
-        fresh = read_document(Path(document.path))
+        fresh = read_document(Path(document.path), access=access)
         if isinstance(fresh, SourceDocument):
             yield fresh.text

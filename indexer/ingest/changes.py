@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ragidx.indexer.ingest.access import under
 from ragidx.indexer.ingest.sources import ScanResult, SourceDocument, normal_path
 
 
@@ -31,11 +32,6 @@ class ChangePlan:
     def summary(self) -> str:
         counts = (len(self.new), len(self.updated), self.unchanged, self.removed)
         return "{} new, {} updated, {} unchanged, {} removed".format(*counts)
-
-
-def under(path: str, roots: Iterable[str]) -> bool:
-    """Whether ``path`` is one of ``roots`` or inside one of them (absolute path strings)."""
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def absolute_roots(paths: Sequence[str | Path]) -> list[str]:

@@ -7,6 +7,7 @@ heading never fuses with the paragraph after it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from ragidx.indexer.ingest.sources import PARAGRAPH_BREAK
 
 Span = tuple[int, int]
 RULE_BASED_SENTENCES = "blank:en+sentencizer"  # the spacy_model setting of the default splitter
+LONG_RUN = re.compile(r"\S{256,}")  # never handed to spaCy: see _without_long_runs
 
 
 @dataclass(frozen=True)
@@ -90,13 +92,18 @@ class Chunker:
             cursor = match.end()
         paragraphs.append((cursor, len(text)))
         paragraphs = [p for p in (_trim(text, *p) for p in paragraphs) if p[0] < p[1]]
+        parts = [part for start, end in paragraphs for part in _without_long_runs(text, start, end)]
+        prose = [span for span, is_run in parts if not is_run]
+        docs = iter(self._nlp.pipe(text[start:end] for start, end in prose))
         spans: list[Span] = []
-        docs = self._nlp.pipe(text[start:end] for start, end in paragraphs)
-        for (offset, _), doc in zip(paragraphs, docs, strict=True):
-            for sent in doc.sents:
-                start, end = _trim(text, offset + sent.start_char, offset + sent.end_char)
-                if start < end:
-                    spans.append((start, end))
+        for (offset, end), is_run in parts:
+            if is_run:
+                spans.append((offset, end))
+                continue
+            for sent in next(docs).sents:
+                start, stop = _trim(text, offset + sent.start_char, offset + sent.end_char)
+                if start < stop:
+                    spans.append((start, stop))
         counts = self.count_tokens([text[s:e] for s, e in spans])
         result: list[Span] = []
         for span, count in zip(spans, counts, strict=True):
@@ -159,6 +166,25 @@ class Chunker:
         while start < stop and sum(sizes[start : stop + 1]) + (stop - start) > self.chunk_tokens:
             start += 1
         return start
+
+
+def _without_long_runs(text: str, start: int, end: int) -> list[tuple[Span, bool]]:
+    """A paragraph's parts in order, each marked whether it is a run of :data:`LONG_RUN` or more
+    characters without a space. Such a run (a data URI, a wall of punctuation) is a sentence of its
+    own, cut by the token budget: spaCy's tokenizer strips its prefix and suffix characters one at a
+    time, quadratic in the run's length (a 50 kB run of ``>`` took minutes)."""
+    parts: list[tuple[Span, bool]] = []
+    cursor = start
+    for run in LONG_RUN.finditer(text, start, end):
+        before = _trim(text, cursor, run.start())
+        if before[0] < before[1]:
+            parts.append((before, False))
+        parts.append((run.span(), True))
+        cursor = run.end()
+    rest = _trim(text, cursor, end)
+    if rest[0] < rest[1]:
+        parts.append((rest, False))
+    return parts
 
 
 def _word_boundary(text: str, offsets: Sequence[Span], first: int, stop: int) -> int:

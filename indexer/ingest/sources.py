@@ -15,6 +15,8 @@ from typing import Any
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest import extractors
+from ragidx.indexer.ingest.access import FileAccess
+from ragidx.indexer.wording import encodable, shown
 
 READERS = {
     ".txt": "text",
@@ -66,6 +68,12 @@ BINARY_SNIFF_BYTES = 8192
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*(?:\r?\n|\Z)", re.DOTALL | re.MULTILINE)
 HTML_META_IGNORED = frozenset({"viewport", "robots", "generator", "theme-color", "color-scheme"})
+MAX_METADATA_VALUES = 10_000
+MAX_METADATA_CHARS = 64 * 1024
+METADATA_TOO_LARGE = (
+    f"metadata too large (over {MAX_METADATA_VALUES:,} values or {MAX_METADATA_CHARS // 1024} KiB, "
+    "YAML aliases expanded)"
+)
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,7 @@ def scan(
     exclude: Path | None = None,
     keep_text: bool = True,
     known: Mapping[str, str] | None = None,
+    access: FileAccess | None = None,
 ) -> ScanResult:
     """Read every supported file under ``paths``; files that cannot be used are listed, not fatal.
 
@@ -110,7 +119,10 @@ def scan(
     the documents it embeds again, one group at a time, so its memory does not grow with the corpus.
     ``known`` maps paths to the content hashes already indexed: a file with the same bytes is
     hashed but not extracted again (PDFs take seconds), and comes back with empty text and title.
+    ``access`` says what may be opened (default: regular files under ``paths``; see
+    :mod:`.access`); a file name that is not valid UTF-8 cannot be stored and is skipped.
     """
+    access = access or FileAccess.under(paths)
     result = ScanResult()
     seen: set[str] = set()
     for found in _walk(paths, exclude):
@@ -118,10 +130,13 @@ def scan(
             result.skipped.append(found)
             continue
         file = Path(normal_path(found))
+        if not encodable(str(file)):
+            result.skipped.append(SkippedFile(shown(str(file)), "file name is not valid UTF-8: rename it"))
+            continue
         if str(file) in seen:
             continue
         seen.add(str(file))
-        outcome = read_document(file, (known or {}).get(str(file)))
+        outcome = read_document(file, (known or {}).get(str(file)), access)
         if isinstance(outcome, SkippedFile):
             result.skipped.append(outcome)
         else:
@@ -173,20 +188,22 @@ def _walk(paths: Sequence[str | Path], exclude: Path | None) -> Iterator[Path | 
         unlistable.clear()
 
 
-def read_document(path: Path, known_hash: str | None = None) -> SourceDocument | SkippedFile:
-    """Decode and extract one file's text; none when its content hash is ``known_hash``."""
+def read_document(
+    path: Path, known_hash: str | None = None, access: FileAccess | None = None
+) -> SourceDocument | SkippedFile:
+    """Decode and extract one file's text; none when its content hash is ``known_hash``.
+    ``access`` says what may be opened (default: this file, if it is a regular one)."""
     kind = READERS.get(path.suffix.lower())
     if kind is None:
         return SkippedFile(normal_path(path), f"unsupported file type '{path.suffix or path.name}'")
-    try:
-        data = path.read_bytes()
-        stat = path.stat()
-    except OSError as error:
-        return SkippedFile(normal_path(path), f"unreadable: {error.strerror or error}")
+    opened = (access or FileAccess.under([path])).read(path)
+    if isinstance(opened, str):
+        return SkippedFile(normal_path(path), opened)
+    data = opened.data
     if not data.strip():
         return SkippedFile(normal_path(path), "empty file")
     content_hash = hashlib.sha256(data).hexdigest()
-    found = SourceDocument(normal_path(path), "", content_hash, len(data), stat.st_mtime, "", kind)
+    found = SourceDocument(normal_path(path), "", content_hash, opened.size, opened.mtime, "", kind)
     if content_hash == known_hash:
         return found
     extracted = _extract(kind, data)
@@ -195,6 +212,8 @@ def read_document(path: Path, known_hash: str | None = None) -> SourceDocument |
     text, metadata, page_starts = extracted
     if not text.strip():
         return SkippedFile(found.path, "no text")
+    if not within_bounds(metadata):
+        return SkippedFile(found.path, METADATA_TOO_LARGE)
     title = metadata.get("title")
     return dataclasses.replace(
         found,
@@ -220,8 +239,36 @@ def _extract(kind: str, data: bytes) -> tuple[str, dict[str, Any], list[int] | N
     if kind == "html":
         return *html_to_text(text), None
     if kind == "markdown":
-        return *split_front_matter(text), None
+        try:
+            return *split_front_matter(text), None
+        except TooLarge:
+            return METADATA_TOO_LARGE
     return text, {}, None
+
+
+class TooLarge(Exception):
+    """Metadata past :data:`MAX_METADATA_VALUES` or :data:`MAX_METADATA_CHARS`."""
+
+
+def within_bounds(value: Any) -> bool:
+    """Whether metadata stays within :data:`MAX_METADATA_VALUES` values and
+    :data:`MAX_METADATA_CHARS` characters, counted as JSON would write it out: YAML aliases make
+    a few hundred bytes of front matter stand for millions of values (a "billion laughs"), and every
+    hit and filter carries a document's metadata. Stops counting at the bounds."""
+    stack, values, chars = [value], 0, 0
+    while stack:
+        item = stack.pop()
+        values += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        else:
+            chars += len(str(item))
+        if values > MAX_METADATA_VALUES or chars > MAX_METADATA_CHARS:
+            return False
+    return True
 
 
 def span_pages(page_starts: Sequence[int] | None, start: int, end: int) -> list[int] | None:
@@ -279,11 +326,30 @@ def html_to_text(markup: str) -> tuple[str, dict[str, Any]]:
         metadata["title"] = soup.title.get_text(" ", strip=True)
     for tag in soup.find_all(HTML_INVISIBLE):
         tag.decompose()
-    for tag in soup.find_all(HTML_BLOCKS):
-        tag.insert_before("\n\n")
-        tag.insert_after("\n\n")
-    paragraphs = (" ".join(block.split()) for block in PARAGRAPH_BREAK.split(soup.get_text()))
+    paragraphs = (" ".join(block.split()) for block in PARAGRAPH_BREAK.split(_block_text(soup)))
     return "\n\n".join(p for p in paragraphs if p), metadata
+
+
+def _block_text(soup: Any) -> str:
+    """The page's text (as ``get_text`` gives it) with a paragraph break before and after every
+    block element, in one pass over the tree: linear however deeply the elements nest (inserting
+    the breaks into the tree costs a walk to each element's last descendant, quadratic in depth)."""
+    from bs4 import CData, NavigableString, Tag
+
+    pieces: list[str] = []
+    open_tags: list[Any] = []  # the current element's ancestors below the root, outermost first
+    for element in soup.descendants:
+        while open_tags and open_tags[-1] is not element.parent:
+            if open_tags.pop().name in HTML_BLOCKS:
+                pieces.append("\n\n")
+        if isinstance(element, Tag):
+            if element.name in HTML_BLOCKS:
+                pieces.append("\n\n")
+            open_tags.append(element)
+        elif type(element) in (NavigableString, CData):  # text, not comments or declarations
+            pieces.append(str(element))
+    pieces.extend("\n\n" for tag in open_tags if tag.name in HTML_BLOCKS)
+    return "".join(pieces)
 
 
 def split_front_matter(text: str) -> tuple[str, dict[str, Any]]:
@@ -301,10 +367,12 @@ def split_front_matter(text: str) -> tuple[str, dict[str, Any]]:
 
     try:
         data = yaml.safe_load(match.group(1))
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # broken, or nested past Python's stack
         return text, {}
     if not isinstance(data, dict):
         return text, {}
+    if not within_bounds(data):  # before json.dumps expands the aliases
+        raise TooLarge
     metadata = json.loads(json.dumps({str(k): v for k, v in data.items()}, default=str))
     blanked = re.sub(r"[^\n]", " ", match.group(0))
     return blanked + text[match.end() :], metadata

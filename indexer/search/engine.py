@@ -7,6 +7,7 @@ long-running server share this code with the Python API.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
@@ -133,6 +134,12 @@ class SearchEngine:
     def _in_snapshot(self, needs_vectors: bool, read: Callable[[], Result]) -> Result:
         """``read()`` inside one snapshot of the newest committed generation (retried if that
         generation's vector file is replaced before it can be opened)."""
+        try:
+            return self._snapshot_read(needs_vectors, read)
+        except sqlite3.DatabaseError as error:
+            raise self.reader.failure(error) from error
+
+    def _snapshot_read(self, needs_vectors: bool, read: Callable[[], Result]) -> Result:
         for _ in range(SNAPSHOT_ATTEMPTS):
             with self.reader.snapshot():
                 self.refresh()

@@ -17,6 +17,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.chunking import relative_spans
 from ragidx.indexer.storage.lexical import create_cjk_table
 from ragidx.indexer.storage.segments import create_segment_tables
+from ragidx.indexer.wording import excerpt
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
@@ -44,6 +45,34 @@ def no_index(directory: Path) -> RagidxError:
     )
 
 
+def database_error(path: Path, error: sqlite3.Error) -> RagidxError:
+    """What a failure of the index database means for the user, in one line: a full disk leaves
+    the index as it was; a damaged file needs a rebuild (never "move it away" for a healthy index)."""
+    code = getattr(error, "sqlite_errorname", "")
+    reason = " ".join(str(error).split())
+    if code == "SQLITE_FULL" or "disk is full" in reason:
+        return RagidxError(f"the disk holding {path} is full: free some space and run the command again")
+    if code == "SQLITE_CORRUPT" or "malformed" in reason:
+        return RagidxError(
+            f"{path} is damaged ({reason}): `ragidx build PATH... --rebuild` makes the index again from "
+            "your documents (move the folder away first to keep the damaged copy)"
+        )
+    if code == "SQLITE_NOTADB":
+        return RagidxError(f"{path} is not a ragidx index database ({reason})")
+    if code.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_IOERR")):
+        return RagidxError(f"cannot use {path}: {reason} (check its permissions and the free space)")
+    return RagidxError(f"{path}: {reason}")
+
+
+def damage(db: Database) -> str | None:
+    """What SQLite's ``quick_check`` finds wrong with the file (its first line), or None."""
+    try:
+        found = [row[0] for row in db.execute("PRAGMA quick_check").fetchall()]
+    except sqlite3.DatabaseError as error:  # damage where the check itself must read
+        return str(error)
+    return None if found == ["ok"] else found[0]
+
+
 def index_exists(directory: str | Path) -> bool:
     """Whether ``directory`` holds an index database (committed or not)."""
     return (Path(directory) / DB_NAME).is_file()
@@ -67,7 +96,9 @@ def connect(path: Path) -> Database:
     return db
 
 
-def create_schema(db: Database) -> None:
+def create_schema(db: Database, lexical: bool = True) -> None:
+    """The tables of an index (those missing); ``lexical=False`` leaves a missing full-text
+    index missing (``check`` reports it; a repair or the next build restores it)."""
     db.table("meta").create({"key": str, "value": str}, pk="key", if_not_exists=True)
     db.table("documents").create(
         {
@@ -107,15 +138,37 @@ def create_schema(db: Database) -> None:
     )
     db.table("chunks").create_index(["document_id"], if_not_exists=True)
     create_segment_tables(db)
-    if not db["chunks_fts"].exists():
-        db.table("chunks").enable_fts(["text"], create_triggers=True, tokenize="porter")
+    if lexical:
+        restore_lexical(db)
     create_cjk_table(db)
+
+
+FTS_TRIGGERS = ("chunks_ai", "chunks_ad", "chunks_au")  # sqlite-utils' names for chunks_fts's triggers
+
+
+def restore_lexical(db: Database) -> None:
+    """Make the full-text table of the chunks (filled from them) if it is not there; triggers
+    left by a dropped one are replaced."""
+    if db["chunks_fts"].exists():
+        return
+    with db.atomic():
+        for trigger in FTS_TRIGGERS:
+            db.execute(f"drop trigger if exists {trigger}")
+        db.table("chunks").enable_fts(["text"], create_triggers=True, tokenize="porter")
 
 
 def read_meta(db: Database) -> dict[str, Any]:
     if not db["meta"].exists():
         return {}
-    return {row["key"]: json.loads(row["value"]) for row in db["meta"].rows}
+    meta = {}
+    for row in db["meta"].rows:
+        try:
+            meta[row["key"]] = json.loads(row["value"])
+        except (TypeError, ValueError):
+            raise RagidxError(
+                f"the index's setting {excerpt(row['key'])} is damaged (not JSON): rebuild the index"
+            ) from None
+    return meta
 
 
 def write_meta(db: Database, values: dict[str, Any]) -> None:

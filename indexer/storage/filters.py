@@ -25,6 +25,7 @@ FILTER_HELP = {  # each kind's values, as the CLI's --path, --ext and --meta tak
     "meta": "Only documents whose metadata KEY has VALUE: KEY=VALUE (repeatable).",
 }
 MAX_FILTER_VALUES = 100  # per kind, metadata keys, and values per key
+MAX_FILTER_CHARS = 1000  # per glob, extension or value (SQLite refuses GLOB patterns past 50,000)
 # json_each yields a JSON scalar's SQL value; booleans and null are spelled as JSON spells them.
 JSON_VALUE_AS_TEXT = (
     "case type when 'true' then 'true' when 'false' then 'false' when 'null' then 'null' "
@@ -56,7 +57,7 @@ class Filters:
         extensions = tuple(dict.fromkeys(_extension(e) for e in _bounded("ext", list(exts))))
         pairs = []
         for key, value in _bounded("meta", list((meta or {}).items())):
-            if not isinstance(key, str) or not META_KEY.match(key):
+            if not isinstance(key, str) or len(key) > MAX_FILTER_CHARS or not META_KEY.match(key):
                 raise RagidxError(f"metadata key {excerpt(key)} may use only letters, digits and _ . : -")
             values = _bounded(f"meta {key}", value if isinstance(value, list | tuple) else [value])
             if not values:
@@ -130,15 +131,23 @@ def _strings(kind: str, value: Any) -> list[str]:
     return values
 
 
+def _short(kind: str, value: str) -> str:
+    if len(value) > MAX_FILTER_CHARS:
+        raise RagidxError(
+            f"a {kind} filter value is {len(value):,} characters long; at most {MAX_FILTER_CHARS} are allowed"
+        )
+    return value
+
+
 def _glob(pattern: str) -> str:
-    glob = pattern.strip().removeprefix("./")
+    glob = _short("path", pattern).strip().removeprefix("./")
     if not glob:
         raise RagidxError("--path needs a glob such as 'faq/*' or '*.md'")
     return glob
 
 
 def _extension(ext: str) -> str:
-    normalised = ext.strip().lower().lstrip(".")
+    normalised = _short("ext", ext).strip().lower().lstrip(".")
     if not normalised or any(c in normalised for c in "/*?["):
         raise RagidxError(f"--ext expects an extension such as md, got {excerpt(ext)}")
     return normalised
@@ -146,7 +155,7 @@ def _extension(ext: str) -> str:
 
 def _meta_value(key: str, value: Any) -> str:
     if isinstance(value, str):
-        return value
+        return _short("meta", value)
     if isinstance(value, bool | int | float) or value is None:
         return json.dumps(value)
     raise RagidxError(f"metadata filter {key!r} compares strings, numbers or booleans")

@@ -7,6 +7,7 @@ tools can read it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 from collections.abc import Iterator
@@ -52,6 +53,11 @@ def connect(uri: str) -> MilvusClient:
     # pymilvus and milvus-lite log failures with their tracebacks; ragidx says them in one line itself.
     for name in ("pymilvus", "milvus_lite"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    if "://" not in uri and importlib.util.find_spec("milvus_lite") is None:
+        raise RagidxError(
+            f"the Milvus file {uri} needs milvus-lite: pip install 'ragidx[milvus]' "
+            "(or give --milvus-uri http://HOST:19530 for a Milvus server)"
+        )
     try:
         return MilvusClient(uri=uri, timeout=CONNECT_SECONDS)
     except MilvusException as error:

@@ -20,13 +20,14 @@ from ragidx.indexer.storage.database import (
     SCHEMA_VERSION,
     all_chunk_ids,
     connect,
+    database_error,
     in_batches,
     no_index,
     read_meta,
     relative_sentences,
     row_counts,
 )
-from ragidx.indexer.storage.lexical import match_expression, rewrite_chunk_text
+from ragidx.indexer.storage.lexical import CJK_TABLE, match_expression, rewrite_chunk_text
 from ragidx.indexer.storage.stores import store_from_meta
 from ragidx.indexer.storage.vector_store import LoadedVectors, VectorStore
 
@@ -47,7 +48,7 @@ class IndexReader:
             self.db = connect(path)
             self.meta = read_meta(self.db)
         except sqlite3.DatabaseError as error:
-            raise RagidxError(f"index database {path} is unreadable: {error}") from error
+            raise database_error(path, error) from error
         if not self.meta.get("generation"):
             raise no_index(self.directory)
         if self.meta.get("schema_version") != SCHEMA_VERSION:
@@ -138,9 +139,15 @@ class IndexReader:
         itself, so ``limit`` matching chunks come back whenever that many exist.
         """
         found = match_expression(query)
-        if found is None or not self.db[found[0]].exists():  # an index not written since CJK support
+        if found is None:
             return []
         table, match = found
+        if not self.db[table].exists():
+            if table == CJK_TABLE:  # an index not written since CJK support
+                return []
+            raise RagidxError(
+                f"the lexical index of {self.directory} is missing: `ragidx check --repair` rebuilds it"
+            )
         restriction, params = "", list[Any]()
         if filters:
             condition, params = filters.document_condition()
@@ -211,6 +218,10 @@ class IndexReader:
             yield
         finally:
             self.db.execute("rollback")
+
+    def failure(self, error: sqlite3.Error) -> RagidxError:
+        """A read's database error in the user's words (see :func:`database_error`)."""
+        return database_error(self.directory / DB_NAME, error)
 
     def close(self) -> None:
         self.db.close()

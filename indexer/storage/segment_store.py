@@ -148,7 +148,7 @@ class SegmentStore:
                 continue
             readable.append(loaded.live_vectors())
             held = stored_ids(loaded.parts[0].index)
-            if not np.array_equal(held, segment.ids):
+            if segment.record_damaged or not np.array_equal(held, segment.ids):
                 misrecorded.append((segment, held))
         ids = np.concatenate([i for i, _ in readable]) if readable else np.zeros(0, np.int64)
         vectors = np.concatenate([v for _, v in readable]) if readable else np.zeros((0, 0), np.float32)
@@ -157,7 +157,8 @@ class SegmentStore:
             for segment, held in misrecorded:
                 record_segment_ids(db, segment, held)
 
-        return Inspection(ids, vectors, unreadable, fix_records if misrecorded else None)
+        names = [segment.file for segment, _ in misrecorded]
+        return Inspection(ids, vectors, unreadable, fix_records if misrecorded else None, names)
 
     def close(self) -> None:
         """Nothing is held open between calls."""

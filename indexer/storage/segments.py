@@ -61,6 +61,7 @@ class Segment:
     deleted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # ascending, among ids
     ivf_lists: int = 0
     trained_on: int = 0
+    record_damaged: bool = False  # its row's ids could not be read: ``ids`` are the file's own
 
     @property
     def live(self) -> int:
@@ -113,19 +114,12 @@ def read_segments(db: Database, meta: Mapping[str, Any], directory: Path) -> lis
         deletions: dict[str, list[int]] = {}
         for segment, chunk_id in db.execute("select segment, chunk_id from deletions"):
             deletions.setdefault(segment, []).append(chunk_id)
-        found = [
-            Segment(
-                file,
-                kind,
-                np.frombuffer(ids, dtype=np.int64).copy(),
-                np.array(sorted(deletions.get(file, [])), dtype=np.int64),
-                ivf_lists,
-                trained_on,
-            )
-            for file, kind, ivf_lists, trained_on, ids in db.execute(
-                "select file, kind, ivf_lists, trained_on, ids from segments"
-            )
-        ]
+        found = []
+        rows = db.execute("select file, kind, ivf_lists, trained_on, ids from segments")
+        for file, kind, ivf_lists, trained_on, blob in rows:
+            ids, damaged = _recorded_ids(blob, directory / file)
+            deleted = np.array(sorted(deletions.get(file, [])), dtype=np.int64)
+            found.append(Segment(file, kind, ids, deleted, ivf_lists, trained_on, damaged))
         return sorted(found, key=lambda s: (-s.live, s.file))
     if not meta.get("generation"):
         return []
@@ -148,6 +142,17 @@ def read_segments(db: Database, meta: Mapping[str, Any], directory: Path) -> lis
             settings.trained_on,
         )
     ]
+
+
+def _recorded_ids(blob: object, path: Path) -> tuple[np.ndarray, bool]:
+    """A row's ids (int64 bytes) and False; where the record is damaged (a truncated blob), the ids
+    the file holds and True, so that ``check --repair`` writes the record again."""
+    if isinstance(blob, bytes) and len(blob) % 8 == 0:
+        return np.frombuffer(blob, dtype=np.int64).copy(), False
+    try:
+        return stored_ids(read_faiss(path)), True
+    except RuntimeError:
+        return np.zeros(0, np.int64), True
 
 
 def write_segments(db: Database, before: Sequence[Segment], after: Sequence[Segment]) -> None:

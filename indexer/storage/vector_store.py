@@ -82,12 +82,13 @@ class Written:
 class Inspection:
     """What ``check`` found in a store: every vector it could read (ids ascending, with their
     vectors), the parts it could not read (name, why), and a repair of the store's own records
-    to make before a repair commits (None when they are right)."""
+    (of the ``misrecorded`` parts) to make before a repair commits (None when they are right)."""
 
     ids: np.ndarray
     vectors: np.ndarray
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     fix_records: Callable[[], None] | None = None
+    misrecorded: list[str] = field(default_factory=list)  # parts whose records the fix rewrites
 
 
 class VectorWrite(Protocol):

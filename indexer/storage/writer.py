@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import os
 import shutil
@@ -36,10 +37,13 @@ from ragidx.indexer.storage.database import (
     chunk_row,
     connect,
     create_schema,
+    damage,
+    database_error,
     document_row,
     in_batches,
     read_meta,
     relative_sentences,
+    restore_lexical,
     row_counts,
     write_meta,
 )
@@ -70,9 +74,14 @@ class Committed:
 class IndexWriter:
     """Exclusive write access to an index directory, held for the whole build."""
 
-    def __init__(self, directory: str | Path, clean_stale: bool = True):
-        """``clean_stale=False`` leaves crashed builds' leftovers in place (for ``check`` to report)."""
+    def __init__(self, directory: str | Path, tidy: bool = True):
+        """``tidy=False`` (for ``check`` to report them) leaves crashed builds' leftovers and a
+        missing lexical index as they are and opens a damaged file; otherwise leftovers are
+        deleted, the lexical index restored, and a damaged file refused before anything is
+        written onto it."""
         self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise RagidxError(f"--index {self.directory} is a file, not a folder")
         self.meta: dict[str, Any] = {}
         self._created = [p for p in (self.directory, *self.directory.parents) if not p.exists()]
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -88,16 +97,30 @@ class IndexWriter:
         try:
             self.db = connect(path)
             self.db.enable_wal()
-            create_schema(self.db)
             self.meta = read_meta(self.db)
-            if clean_stale and self.meta.get("generation"):
+            committed = bool(self.meta.get("generation"))
+            if tidy and committed:
+                self.refuse_damage()
+            create_schema(self.db, lexical=tidy or not committed)
+            if tidy and committed:
                 self.remove_stale_vector_files()  # leftovers of crashed builds
             self.settle()  # check too: owed rows would read as vectors without chunks
         except sqlite3.DatabaseError as error:
             self.close()
+            raise database_error(path, error) from error
+        except BaseException:
+            self.close()
+            raise
+
+    def refuse_damage(self) -> None:
+        """Refuse to write onto a file SQLite's ``quick_check`` finds damaged (pages it would not
+        touch can hide damage from a build, which then committed onto it)."""
+        found = damage(self.db)
+        if found:
             raise RagidxError(
-                f"index database {path} is unreadable ({error}); move it away or build into another --index"
-            ) from error
+                f"{self.directory / DB_NAME} is damaged ({found}); nothing is written onto it: "
+                "`ragidx build PATH... --rebuild --index NEW` makes the index again from your documents"
+            )
 
     def __enter__(self) -> IndexWriter:
         return self
@@ -157,6 +180,14 @@ class IndexWriter:
         pending = NextGeneration(self, removed, replace, vector_index, dropped, store)
         try:
             yield pending
+        except sqlite3.DatabaseError as error:
+            raise database_error(self.directory / DB_NAME, error) from error
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            raise RagidxError(
+                f"the disk holding {self.directory} is full: nothing was committed, the index is as it was"
+            ) from error
         finally:
             pending.abandon()
             if self.db.conn.in_transaction:
@@ -253,6 +284,8 @@ class IndexWriter:
 
     def lexical_fault(self) -> str | None:
         """Why the FTS5 tables disagree with the chunks, or None when they agree."""
+        if not self.db["chunks_fts"].exists():
+            return "the table chunks_fts is missing"
         try:
             self.db.execute("insert into chunks_fts(chunks_fts, rank) values('integrity-check', 1)")
             self.db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('integrity-check')")
@@ -261,7 +294,8 @@ class IndexWriter:
         return None
 
     def rebuild_lexical(self) -> None:
-        """Refill both full-text tables from the chunks."""
+        """Refill both full-text tables from the chunks (the main one made again if it is gone)."""
+        restore_lexical(self.db)
         with self.db.atomic():
             self.db.execute("insert into chunks_fts(chunks_fts) values('rebuild')")
             self.db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('delete-all')")

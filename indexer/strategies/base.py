@@ -234,6 +234,8 @@ class Strategy(ABC):
         """
         if sentences is not None and len(sentences) != len(texts):
             raise ValueError("sentences must have one entry per text")
+        if any(not text.strip() for text in texts):  # builds never ask; a caller may
+            raise RagidxError("cannot embed an empty text")
         prepared = self.prepare(texts, self.check_role(role), sentences)
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         sequences = [row.ids for row in prepared]

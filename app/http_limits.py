@@ -1,0 +1,61 @@
+"""What a connection to ``ragidx serve`` may cost: a deadline to send each request and a cap on
+connections.
+
+uvicorn times out a kept-alive connection between requests, but not one that sends a request's
+head or body slowly: 500 connections trickling headers held every file descriptor, and normal
+requests then timed out. Here each request (head and body) must arrive within a deadline from
+the moment the connection opened or the previous response went out, and connections past a cap
+are closed at once (the slow ones are reaped within the deadline, so the cap frees itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+REQUEST_SECONDS = 10.0  # to send one request, head and body (loopback clients take milliseconds)
+MAX_CONNECTIONS = 128
+
+
+def limited_protocol(
+    request_seconds: float = REQUEST_SECONDS, max_connections: int = MAX_CONNECTIONS
+) -> type:
+    """uvicorn's h11 protocol with those limits (pass it as ``uvicorn.Config(http=...)``)."""
+
+    class LimitedProtocol(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.close()
+                return
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline: Any = self.loop.call_later(request_seconds, self._expire)
+
+        def _disarm(self) -> None:
+            deadline = getattr(self, "_deadline", None)
+            if deadline is not None:
+                deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            """Close a connection whose request has not fully arrived (head or body) in time."""
+            self._deadline = None
+            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+                self.transport.close()
+
+    return LimitedProtocol
