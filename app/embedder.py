@@ -9,8 +9,8 @@ import numpy as np
 
 from ragidx.indexer.build.settings import split_strategy_options
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.runtime import default_model
-from ragidx.indexer.strategies import Role, Strategy, create_strategy, load_runtime_for, named_or_default
+from ragidx.indexer.model.runtime import default_model, load_runtime
+from ragidx.indexer.strategies import Role, Strategy, create_strategy, named_or_default
 
 TEMPLATES = ("document_template", "query_template")
 
@@ -36,7 +36,7 @@ class Embedder:
         templates = {name: options.pop(name) for name in TEMPLATES if options.get(name) is not None}
         if options:
             raise RagidxError(f"unknown embedding option {sorted(options)[0]!r}")
-        runtime = load_runtime_for(model or default_model(), device, dtype, trust_remote_code, [strategy])
+        runtime = load_runtime(model or default_model(), device, dtype, trust_remote_code)
         self.strategy: Strategy = create_strategy(
             named_or_default(strategy, runtime), runtime, **given, **templates
         )

@@ -16,9 +16,12 @@ from ragidx.indexer.build.tuning import DEFAULT_QUERIES, TuningReport, tune_and_
 from ragidx.indexer.build.watch import watch
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.sources import canonical_model_id
-from ragidx.indexer.search.engine import Hit, Ranked, SearchEngine
+from ragidx.indexer.search.engine import Ranked, SearchEngine
+from ragidx.indexer.search.hits import Hit
 from ragidx.indexer.search.options import SearchOptions
-from ragidx.indexer.storage import IndexReader, IndexWriter, default_index_dir
+from ragidx.indexer.storage.location import default_index_dir
+from ragidx.indexer.storage.reader import IndexReader
+from ragidx.indexer.storage.writer import IndexWriter
 
 if TYPE_CHECKING:
     from ragidx.indexer.strategies import Role, Strategy

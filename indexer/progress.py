@@ -16,12 +16,22 @@ LINE_SECONDS = float(os.environ.get("RAGIDX_PROGRESS_SECONDS", "30"))
 
 
 class ProgressLines:
-    """The part of tqdm's interface a build uses, printing ``desc: n/total unit, postfix, elapsed``."""
+    """The part of tqdm's interface a build uses, printing ``desc: n/total unit (share), postfix,
+    elapsed, ETA`` (with ``scale``, n and total are bytes, shown as ``12 kB of 40 kB``)."""
 
-    def __init__(self, total: int, desc: str, unit: str, file: TextIO, interval: float = LINE_SECONDS):
+    def __init__(
+        self,
+        total: float,
+        desc: str,
+        unit: str,
+        file: TextIO,
+        interval: float = LINE_SECONDS,
+        scale: bool = False,
+    ):
         self.total, self.desc, self.unit, self.file, self.interval = total, desc, unit, file, interval
-        self.n = 0
-        self.printed: int | None = None  # the count the last line showed
+        self.scale = scale
+        self.n = 0.0
+        self.printed: float | None = None  # the count the last line showed
         self.postfix: dict[str, Any] = {}
         self.started = self.last = time.perf_counter()
 
@@ -32,7 +42,7 @@ class ProgressLines:
         if self.printed is not None and self.printed != self.n:  # lines were printed: say where it ended
             self._print()
 
-    def update(self, n: int = 1) -> None:
+    def update(self, n: float = 1) -> None:
         self.n += n
         self._maybe_print()
 
@@ -48,17 +58,44 @@ class ProgressLines:
         self.last, self.printed = time.perf_counter(), self.n
         details = "".join(f", {key.replace('_', '/')} {value}" for key, value in self.postfix.items())
         elapsed = self.last - self.started
-        print(
-            f"{self.desc}: {self.n}/{self.total} {self.unit}{details}, {elapsed:.0f} s",
-            file=self.file,
-            flush=True,
+        if self.scale:
+            done = f"{_size(self.n)} of {_size(self.total)}"
+        else:
+            done = f"{self.n:.0f}/{self.total:.0f} {self.unit}"
+        share = f" ({self.n / self.total:.0%})" if self.total else ""
+        left = (
+            f", ETA {_duration(elapsed * (self.total - self.n) / self.n)}" if 0 < self.n < self.total else ""
         )
+        print(f"{self.desc}: {done}{share}{details}, {elapsed:.0f} s{left}", file=self.file, flush=True)
 
 
-def progress(total: int, desc: str, unit: str, enabled: bool = True) -> Any:
-    """A tqdm bar on a terminal, :class:`ProgressLines` off one, nothing when not ``enabled``."""
+def _size(count: float) -> str:
+    return f"{count / 2**20:.1f} MB" if count >= 2**20 else f"{count / 1024:.0f} kB"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def progress(total: float, desc: str, unit: str, enabled: bool = True, scale: bool = False) -> Any:
+    """A tqdm bar on a terminal, :class:`ProgressLines` off one, nothing when not ``enabled``;
+    ``scale``: ``total`` counts bytes, shown as kB/MB."""
     from tqdm import tqdm
 
     if enabled and not sys.stderr.isatty():
-        return ProgressLines(total, desc, unit, sys.stderr)
-    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, file=sys.stderr)
+        return ProgressLines(total, desc, unit, sys.stderr, scale=scale)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=scale,
+        unit_divisor=1024 if scale else 1000,
+        disable=not enabled,
+        file=sys.stderr,
+    )
+
+
+def notice(message: str, enabled: bool = True) -> None:
+    """One line on stderr about a long step that has no bar (a model being loaded)."""
+    if enabled:
+        print(message, file=sys.stderr, flush=True)

@@ -69,7 +69,7 @@ def test_eval_retrieval_equals_exact_search_over_whole_documents(beir, tiny_mode
 def test_eval_reports_tuned_hybrid_beside_equal_weights(beir, tiny_models, tmp_path):
     """With the index's weights set to lexical only, ``hybrid`` ranks documents as ``lexical`` does."""
     from ragidx.app.research.evaluation import EVAL_MODES, evaluate_retrieval
-    from ragidx.indexer.storage import IndexWriter
+    from ragidx.indexer.storage.writer import IndexWriter
 
     index, dataset = tmp_path / "index", load_beir(beir, "test")
     options = {"model": str(tiny_models["llama"]), "device": "cpu", "progress": False}

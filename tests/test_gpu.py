@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ragidx.indexer.storage.vector_index import VectorIndexSettings, new_vector_index
+from ragidx.indexer.storage.index_settings import VectorIndexSettings
+from ragidx.indexer.storage.vector_index import new_vector_index
 
 
 def faiss_gpus() -> int:

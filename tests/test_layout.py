@@ -20,7 +20,17 @@ from module_graph import ROOT, ModuleImports, graph, package_of, read_imports
 # Imported inside functions only: heavy on start-up (the model stack, or >= 10 ms each measured
 # with `python -X importtime` on the development machine) or an optional extra that may be absent.
 HEAVY = {"torch", "transformers", "huggingface_hub", "faiss", "spacy", "sentence_transformers", "gguf"}
-SLOW = {"sqlite_utils", "bs4", "tqdm", "snowballstemmer", "unittest", "charset_normalizer", "yaml", "psutil"}
+SLOW = {
+    "numpy",  # 45-85 ms: the CLI's start-up (ragidx query through the daemon) does without it
+    "sqlite_utils",
+    "bs4",
+    "tqdm",
+    "snowballstemmer",
+    "unittest",
+    "charset_normalizer",
+    "yaml",
+    "psutil",
+}
 OPTIONAL_EXTRAS = {
     "pypdf",
     "docx",

@@ -194,7 +194,7 @@ def test_rm_removes_documents_from_every_search(workspace):
 
 def live_vectors(index: Path) -> dict[int, np.ndarray]:
     """Chunk id -> stored vector of every chunk, through the index's own reader."""
-    from ragidx.indexer.storage import IndexReader
+    from ragidx.indexer.storage.reader import IndexReader
 
     reader = IndexReader(index)
     ids, vectors = reader.load_vectors().live_vectors()

@@ -43,7 +43,10 @@ PROBES = {
 # average over 13 documents. Chance gives 1/13 first and 0.25; htp with a placeholder at the
 # attention sink (before --sink) gave 2 first and 0.42 on SmolLM2. The default strategy must find all.
 MIN_FOUND_FIRST, MIN_MRR = 3, 0.5
-BFLOAT16_MIN_COSINE = 0.999  # bf16 vs float32 vectors, for every strategy that --dtype auto runs in bf16
+BFLOAT16_MIN_COSINE = 0.999  # bf16 vs float32 vectors of every strategy, but for these two:
+# kv-embedding's re-routing and cp's difference of two passes amplify rounding (one chunk at 0.9977
+# on each model), yet STS-B dev and SciFact held within noise of float32 (README "Precision").
+AMPLIFIED_MIN_COSINE = {"kv-embedding": 0.995, "cp": 0.995}
 BFLOAT16_CHECKED_TOKENS = 1200  # the first chunks up to this many tokens are embedded in float32 too
 STS_PAIRS = 100  # the first STS-B dev pairs (the suite has a time budget)
 PROMPTEOL_STS_FLOOR = 60.0  # Spearman x 100 on them; the same architecture with random weights: ~0
@@ -95,15 +98,14 @@ def decoder_strategies() -> list[str]:
 def test_every_strategy_finds_the_source_documents_of_the_probes(
     name, real_runtime, bfloat16_runtime, sample_documents
 ):
-    """Dense search over the sample corpus's chunks, documents ranked by their best chunk, in the
-    dtype ``--dtype auto`` may choose; bf16 vectors within cosine 0.999 of float32 ones."""
+    """Dense search over the sample corpus's chunks, documents ranked by their best chunk, in bf16
+    (what ``--dtype auto`` chooses on a CPU with bf16 instructions); its vectors close to float32's."""
     from ragidx.indexer.ingest.chunking import Chunker
-    from ragidx.indexer.strategies import create_strategy, default_strategy, strategy_class
+    from ragidx.indexer.strategies import create_strategy, default_strategy
 
     if real_runtime.arch.model_type.startswith("gemma") and name not in GEMMA_STRATEGIES:
         pytest.skip(f"{name} runs on SmolLM2 only (see GEMMA_STRATEGIES)")
-    rounded = strategy_class(name).bfloat16_ok
-    strategy = create_strategy(name, bfloat16_runtime if rounded else real_runtime)
+    strategy = create_strategy(name, bfloat16_runtime)
     chunker = Chunker(real_runtime.tokenizer, strategy.default_chunk_tokens, 1, None)
     # the default strategy is held to the whole corpus, and to every probe
     default = name == default_strategy(real_runtime.model.config)[0]
@@ -131,14 +133,15 @@ def test_every_strategy_finds_the_source_documents_of_the_probes(
         singles = np.stack([strategy.encode([probe], "query")[0] for probe in PROBES])
         assert strategy.one_row.trace is not None
         np.testing.assert_array_equal(singles, np.stack([eager_vector(strategy, probe) for probe in PROBES]))
-    if rounded:
-        exact = create_strategy(name, real_runtime)
-        some = slice(0, max(1, int(np.searchsorted(np.cumsum(tokens), BFLOAT16_CHECKED_TOKENS))))
-        cosines = np.concatenate([
-            np.sum(vectors[some] * exact.encode(texts[some], "document", sentences=sentences[some]), axis=1),
-            np.sum(queries * exact.encode(list(PROBES), "query"), axis=1),
-        ])  # fmt: skip
-        assert cosines.min() >= BFLOAT16_MIN_COSINE, (cosines.argmin(), cosines.min())
+    exact = create_strategy(name, real_runtime)
+    some = slice(0, max(1, int(np.searchsorted(np.cumsum(tokens), BFLOAT16_CHECKED_TOKENS))))
+    cosines = np.concatenate([
+        np.sum(vectors[some] * exact.encode(texts[some], "document", sentences=sentences[some]), axis=1),
+        np.sum(queries * exact.encode(list(PROBES), "query"), axis=1),
+    ])  # fmt: skip
+    print(f"{name}: bf16 to float32 cosine min {cosines.min():.5f}, mean {cosines.mean():.5f}")
+    floor = AMPLIFIED_MIN_COSINE.get(name, BFLOAT16_MIN_COSINE)
+    assert cosines.min() >= floor, (cosines.argmin(), cosines.min())
 
 
 def test_prompteol_reaches_the_sts_floor_that_random_weights_cannot(real_runtime):
@@ -163,26 +166,18 @@ def test_prompteol_reaches_the_sts_floor_that_random_weights_cannot(real_runtime
     assert abs(random) < 30, random
 
 
-def test_the_converted_cache_equals_reading_the_gguf_directly():
-    """Hidden states from ragidx's cached safetensors equal transformers' own GGUF dequantisation."""
-    import torch
-    from transformers import AutoModel
+@pytest.mark.parametrize("name", REAL_DECODERS)
+def test_the_converted_cache_is_transformers_conversion_rounded_once(name, tmp_path):
+    """Every tensor ragidx's streamed conversion writes equals transformers' own dequantisation of
+    the GGUF (its names, Llama's q/k permutation, Gemma's norm offsets) rounded to the cache's type."""
+    from test_gguf import assert_cache_equals_transformers
 
-    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.model.sources import resolve_model
 
-    source = resolve_model(installed("smollm2"))
-    runtime = load_runtime(source, device="cpu", dtype="float32")
-    path = source.gguf.parts[0]
-    direct = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    batch = runtime.tokenizer(["The tide turns twice a day.", "Grind espresso fine."], padding=True,
-                              return_tensors="pt")  # fmt: skip
-    with torch.inference_mode():
-        expected = direct(**batch).last_hidden_state
-        got = runtime.model(**batch).last_hidden_state
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    manifest = json.loads((Path(runtime.folder) / "ragidx-gguf.json").read_text())
-    assert manifest["sha256"] == source.gguf.sha256 == runtime.model_file["sha256"]
+    source = resolve_model(installed(name))
+    assert_cache_equals_transformers(source, tmp_path)
+    manifest = json.loads((Path(source.loadable()) / "ragidx-gguf.json").read_text())
+    assert manifest["sha256"] == source.gguf.sha256 and manifest["dtype"] == "bfloat16"
 
 
 def test_quick_start_on_the_default_model(tmp_path):
@@ -239,7 +234,7 @@ def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
     assert full.stderr.startswith("converting SmolLM2-135M-Instruct.Q4_1.gguf once into ")
     full.stderr = full.stderr.split("\n", 1)[1]  # the rest is one line
     assert_one_line_error(full, r"cannot write the converted model into the cache .*File too large")
-    assert [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
+    assert [p.name for p in models.iterdir() if p.is_dir()] == []
 
     killed = subprocess.run(embed, capture_output=True, text=True, timeout=600,
                             env={**env, "RAGIDX_KILL_AT": "gguf-convert"})  # fmt: skip
@@ -253,6 +248,18 @@ def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
     assert [twin.returncode for twin in twins] == [0, 0], [err for _, err in outputs]
     assert sum("once into" in err for _, err in outputs) == 1  # the other waited, then reused it
     np.testing.assert_array_equal(*(np.array(json.loads(out)) for out, _ in outputs))
-    entries = sorted(p.name for p in models.iterdir() if not p.name.endswith(".lock"))
-    assert len(entries) == 1 and len(entries[0]) == 64, entries
+    entries = sorted(p.name for p in models.iterdir() if p.is_dir())
+    assert len(entries) == 1 and entries[0] == f"{entries[0][:64]}-bf16", entries
     assert os.listdir(models / entries[0]).count("ragidx-gguf.json") == 1
+
+
+@pytest.mark.parametrize("name", [*REAL_DECODERS, "minilm"])
+def test_the_fast_tokenizer_loader_gives_autotokenizers_ids_on_real_models(name):
+    from test_runtime import assert_same_tokenizer
+    from transformers import AutoTokenizer
+
+    from ragidx.indexer.model.runtime import load_tokenizer
+    from ragidx.indexer.model.sources import resolve_model
+
+    folder = resolve_model(installed(name)).loadable()
+    assert_same_tokenizer(load_tokenizer(folder), AutoTokenizer.from_pretrained(folder))

@@ -134,9 +134,8 @@ def test_auto_on_cpu_needs_a_clear_bfloat16_win(probes):
     assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
 
 
-def test_auto_on_cpu_stays_float32_without_bf16_instructions_or_for_a_float32_strategy(probes, monkeypatch):
-    assert resolve_dtype("auto", "cpu", SHAPE, bfloat16_ok=False) == "float32"
-    assert resolve_dtype("auto", "cuda", SHAPE, bfloat16_ok=False) == "float32"
+def test_auto_on_cpu_stays_float32_without_bf16_instructions(probes, monkeypatch):
+    assert resolve_dtype("auto", "cuda", SHAPE) == "bfloat16"
     monkeypatch.setattr(probes.module, "cpu_has_bfloat16_instructions", lambda: False)
     assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
     assert probes.calls == []  # emulated bf16 is never faster: nothing to measure
@@ -155,17 +154,6 @@ def test_the_precision_probe_times_a_real_product():
 
     rate = linear_flops_per_second(torch.float32, 64, 128, tokens=32, seconds=0.05)
     assert 1e6 < rate < 1e14  # FLOP/s, not seconds or GFLOP/s
-
-
-def test_strategies_that_bf16_moves_too_far_keep_auto_at_float32():
-    from ragidx.indexer.strategies import REGISTRY, bfloat16_ok
-
-    assert [name for name, cls in REGISTRY.items() if not cls.bfloat16_ok] == ["cp", "kv-embedding"]
-    assert bfloat16_ok([None, "auto", "prompteol", "htp"])
-    assert not bfloat16_ok(["prompteol", "kv-embedding"])
-    gemma, smollm2 = (SimpleNamespace(**fingerprint) for fingerprint in (GEMMA3_270M, SMOLLM2_135M))
-    assert not bfloat16_ok([None], gemma) and not bfloat16_ok(["auto"], gemma)  # its default is kv-embedding
-    assert bfloat16_ok([None, "auto"], smollm2)
 
 
 def test_the_default_strategy_is_the_measured_one_for_packaged_decoders():
@@ -195,11 +183,9 @@ def test_bf16_linears_on_cpu_are_packed_once_and_compute_exactly_the_same(tiny_m
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
         ).last_hidden_state
     torch.testing.assert_close(runtime.forward(batch), expected, rtol=0, atol=0)
-    from ragidx.indexer.model.packed_linear import unpacked
-
-    with unpacked(runtime.model):  # what bench's hand-written anchor runs
-        assert not any("forward" in vars(m) for m in linears)
-    assert all("forward" in vars(m) for m in linears)
+    assert all(m.weight is None for m in linears)  # the packed copy replaced the plain weight
+    packed = sum(m.packed_weight.numel() for m in linears)
+    assert packed >= sum(m.weight.numel() for m in plain.modules() if isinstance(m, torch.nn.Linear))
 
 
 def test_bfloat16_loads_and_stays_close_to_float32(tiny_models, runtimes):
@@ -210,3 +196,32 @@ def test_bfloat16_loads_and_stays_close_to_float32(tiny_models, runtimes):
     runtime = load_runtime(str(tiny_models["llama"]), device="cpu", dtype="bfloat16")
     assert runtime.dtype == torch.bfloat16
     assert float((create_strategy("mean", runtime).encode(text) * reference).sum()) > 0.99
+
+
+TOKENIZER_TEXTS = [
+    "Why are there two tides a day? The Moon pulls the near-side ocean.",
+    "  leading spaces, ÜNÏCÖDE, emoji 🌊, CJK 日本の首都は東京です, tabs\tand\nlines  ",
+    "<PST> looks special but is not one; neither is [SEP] in text",
+    "x" * 600,
+]
+
+
+def assert_same_tokenizer(fast, auto) -> None:
+    """The same ids (with and without special tokens), offsets, size and special tokens."""
+    for added in (True, False):
+        ours = fast(TOKENIZER_TEXTS, add_special_tokens=added, return_offsets_mapping=True)
+        theirs = auto(TOKENIZER_TEXTS, add_special_tokens=added, return_offsets_mapping=True)
+        assert ours["input_ids"] == theirs["input_ids"]
+        assert ours["offset_mapping"] == theirs["offset_mapping"]
+    assert len(fast) == len(auto) and fast.all_special_ids == auto.all_special_ids
+    for name in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token"):
+        assert getattr(fast, name) == getattr(auto, name), name
+
+
+def test_the_fast_tokenizer_loader_gives_autotokenizers_ids(tiny_models):
+    from transformers import AutoTokenizer
+
+    from ragidx.indexer.model.runtime import load_tokenizer
+
+    for folder in tiny_models.values():
+        assert_same_tokenizer(load_tokenizer(str(folder)), AutoTokenizer.from_pretrained(folder))

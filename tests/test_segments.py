@@ -13,7 +13,8 @@ import pytest
 from test_lifecycle import segment_vectors
 from test_store import record, vectors
 
-from ragidx.indexer.storage import IndexReader, IndexWriter
+from ragidx.indexer.storage.index_settings import VectorIndexSettings
+from ragidx.indexer.storage.reader import IndexReader
 from ragidx.indexer.storage.segments import (
     DELETED_FRACTION,
     MERGE_SIZE_RATIO,
@@ -21,7 +22,7 @@ from ragidx.indexer.storage.segments import (
     SegmentUnreadable,
     plan_merge,
 )
-from ragidx.indexer.storage.vector_index import VectorIndexSettings
+from ragidx.indexer.storage.writer import IndexWriter
 
 AUTO = VectorIndexSettings()
 META = {"model": "m", "strategy": "mean", "strategy_params": {}, "dimension": 8}

@@ -8,8 +8,10 @@ import pytest
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.chunking import Chunk
 from ragidx.indexer.ingest.sources import SourceDocument
-from ragidx.indexer.storage import DocumentRecord, IndexReader, IndexWriter
 from ragidx.indexer.storage import writer as writer_module
+from ragidx.indexer.storage.database import DocumentRecord
+from ragidx.indexer.storage.reader import IndexReader
+from ragidx.indexer.storage.writer import IndexWriter
 
 
 def record(name: str, texts: list[str]) -> DocumentRecord:

@@ -24,7 +24,7 @@ from ragidx.indexer.build.tuning import (
     tune,
 )
 from ragidx.indexer.search.fusion import Fusion
-from ragidx.indexer.storage import IndexWriter
+from ragidx.indexer.storage.writer import IndexWriter
 
 
 def options(model, folder, **extra) -> BuildOptions:

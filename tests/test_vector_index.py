@@ -9,12 +9,8 @@ import pytest
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.storage import vector_index
-from ragidx.indexer.storage.vector_index import (
-    VectorIndexSettings,
-    new_vector_index,
-    sized_settings,
-    stored_ids,
-)
+from ragidx.indexer.storage.index_settings import VectorIndexSettings, flat_limit
+from ragidx.indexer.storage.vector_index import new_vector_index, sized_settings, stored_ids
 
 DIMENSION = 32
 N = 2000
@@ -153,7 +149,7 @@ def test_settings_validate_and_describe():
     with pytest.raises(RagidxError, match="ef-search must be a positive integer"):
         VectorIndexSettings().with_overrides(ef_search=0)
     assert VectorIndexSettings.from_meta({}).requested == "auto"
-    assert vector_index.flat_limit(896) == 37449 and vector_index.flat_limit(384) == 87381
+    assert flat_limit(896) == 37449 and flat_limit(384) == 87381
     described = built("hnsw").settings.describe()
     assert described == "hnsw (M 32, efConstruction 80, efSearch 64)"
 

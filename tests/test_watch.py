@@ -18,7 +18,7 @@ from test_cli import RAGIDX, child_env
 from ragidx.app import Index
 from ragidx.indexer.build.watch import DocumentFilter, Pending
 from ragidx.indexer.ingest.sources import normal_path
-from ragidx.indexer.storage import IndexWriter
+from ragidx.indexer.storage.writer import IndexWriter
 
 pytest.importorskip("watchfiles")
 

@@ -23,10 +23,9 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import scan
-from ragidx.indexer.model.packed_linear import unpacked
 from ragidx.indexer.model.precision import best_flops_per_second
-from ragidx.indexer.model.runtime import resolve_device, resolve_dtype
-from ragidx.indexer.strategies import create_strategy, load_runtime_for, named_or_default
+from ragidx.indexer.model.runtime import load_runtime, resolve_device, resolve_dtype
+from ragidx.indexer.strategies import create_strategy, named_or_default
 from ragidx.indexer.strategies.traced_readout import TRACE_AT_CALL
 
 if TYPE_CHECKING:
@@ -104,11 +103,14 @@ def anchor_rate(runtime: ModelRuntime, texts: Sequence[str]) -> Anchor:
 
 
 def _plain_forward_rate(runtime: ModelRuntime, texts: Sequence[str]) -> Anchor:
-    """Ten lines of transformers: tokenizer padding in input order, full forward, masked mean
-    (with the model's linear layers as transformers ships them, not packed)."""
+    """Ten lines of transformers: tokenizer padding in input order, full forward, masked mean, on
+    the same weights loaded anew as transformers ships them (ragidx's bf16 CPU layers are packed)."""
     import torch
+    from transformers import AutoModel
 
-    tokenizer, model = runtime.tokenizer, runtime.model
+    tokenizer = runtime.tokenizer
+    model = AutoModel.from_pretrained(runtime.folder or runtime.model_id, dtype=runtime.dtype)
+    model.to(runtime.device).eval()
 
     def run(chunk: Sequence[str]) -> int:
         tokens = 0
@@ -127,11 +129,10 @@ def _plain_forward_rate(runtime: ModelRuntime, texts: Sequence[str]) -> Anchor:
                 tokens += int(encoded["attention_mask"].sum())
         return tokens
 
-    with unpacked(model):
-        run(texts[:2])
-        started = time.perf_counter()
-        tokens = run(texts)
-        seconds = time.perf_counter() - started
+    run(texts[:2])
+    started = time.perf_counter()
+    tokens = run(texts)
+    seconds = time.perf_counter() - started
     return Anchor("transformers forward + mean", tokens, seconds)
 
 
@@ -292,7 +293,7 @@ def run_bench(
     rows: list[BenchRow] = []
     chunks: list[str] = []
     for dtype in dtypes:
-        runtime = load_runtime_for(model, device, dtype, strategies=strategies)
+        runtime = load_runtime(model, device, dtype)
         chunks = chunks or bench_texts(runtime, source, chunk_tokens, max_texts)
         anchor = anchor_rate(runtime, chunks)
         for name in strategies:

@@ -13,8 +13,7 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import scan
-from ragidx.indexer.model.runtime import ModelRuntime
-from ragidx.indexer.strategies import load_runtime_for
+from ragidx.indexer.model.runtime import ModelRuntime, load_runtime
 from ragidx.indexer.strategies.layer_calibration import (
     MAX_TEXT_TOKENS,
     Calibration,
@@ -85,7 +84,7 @@ def calibrate_model(
 ) -> tuple[Calibration, Path]:
     """:func:`calibrate_and_cache` on ``model``, loaded in the precision kv-embedding runs in (its
     layers are what the calibration chooses)."""
-    runtime = load_runtime_for(model, device, dtype, trust_remote_code, ["kv-embedding"])
+    runtime = load_runtime(model, device, dtype, trust_remote_code)
     return calibrate_and_cache(runtime, source, count)
 
 

@@ -26,14 +26,13 @@ from ragidx.indexer.build.pipeline import build
 from ragidx.indexer.build.settings import build_options
 from ragidx.indexer.build.tuning import TuningReport
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.runtime import default_model
+from ragidx.indexer.model.runtime import default_model, load_runtime
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.search.options import MAX_K
-from ragidx.indexer.storage import index_exists
+from ragidx.indexer.storage.location import index_exists
 from ragidx.indexer.strategies import (
     create_strategy,
-    load_runtime_for,
     named_or_default,
     strategy_class,
 )
@@ -392,7 +391,7 @@ def evaluate_sts_variants(
     progress: bool = True,
 ) -> StsReport:
     """Spearman × 100 of each variant, all on one loaded model, with a bar over the texts."""
-    runtime = load_runtime_for(model, device, dtype, strategies=[variant.strategy for variant in variants])
+    runtime = load_runtime(model, device, dtype)
     report = StsReport(str(path), len(pairs.gold), runtime.model_id)
     for variant in variants:
         name = named_or_default(variant.strategy, runtime)

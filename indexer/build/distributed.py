@@ -26,10 +26,12 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument
+from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.model.sources import ModelSource
 from ragidx.indexer.progress import progress as progress_bar
-from ragidx.indexer.storage import DocumentRecord, NextGeneration
-from ragidx.indexer.strategies import BatchSettings, Strategy, load_runtime_for, strategy_from_index
+from ragidx.indexer.storage.database import DocumentRecord
+from ragidx.indexer.storage.writer import NextGeneration
+from ragidx.indexer.strategies import BatchSettings, Strategy, strategy_from_index
 
 LOCAL = "local"  # --ray without an address: a cluster on this machine, for this build only
 DOCUMENTS_PER_TASK = 16
@@ -71,9 +73,7 @@ class DocumentEmbedder:
     all their chunks in one pass as a local build embeds a group of documents."""
 
     def __init__(self, spec: WorkerSpec):
-        runtime = load_runtime_for(
-            spec.source, spec.device, spec.dtype, spec.trust_remote_code, [spec.strategy]
-        )
+        runtime = load_runtime(spec.source, spec.device, spec.dtype, spec.trust_remote_code)
         self.strategy: Strategy = strategy_from_index(spec.strategy, runtime, spec.params, batch=spec.batch)
         self.chunker = Chunker(runtime.tokenizer, **spec.chunker)
         self.access = spec.access

@@ -12,7 +12,7 @@ import numpy as np
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import SkippedFile, read_document
-from ragidx.indexer.storage import DocumentRecord
+from ragidx.indexer.storage.database import DocumentRecord
 from ragidx.indexer.strategies import Strategy
 from ragidx.indexer.strategies.base import ProgressCallback
 

@@ -13,8 +13,9 @@ from ragidx.indexer.build.settings import IndexSettings
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import under
 from ragidx.indexer.ingest.changes import absolute_roots
-from ragidx.indexer.storage import IndexWriter, index_exists, no_index
 from ragidx.indexer.storage.database import ROW_RULES, damage
+from ragidx.indexer.storage.location import index_exists, no_index
+from ragidx.indexer.storage.writer import IndexWriter
 from ragidx.indexer.wording import counted
 
 if TYPE_CHECKING:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,11 +23,15 @@ from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.changes import ChangePlan, plan_changes
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import ScanResult, SkippedFile, SourceDocument, scan
+from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.model.sources import check_same_file, resolve_model
+from ragidx.indexer.progress import notice
 from ragidx.indexer.progress import progress as progress_bar
-from ragidx.indexer.storage import Committed, DocumentRecord, IndexWriter, NextGeneration, StoreSpec
-from ragidx.indexer.storage.vector_index import VectorIndexSettings
-from ragidx.indexer.strategies import Strategy, load_runtime_for
+from ragidx.indexer.storage.database import DocumentRecord
+from ragidx.indexer.storage.index_settings import VectorIndexSettings
+from ragidx.indexer.storage.vector_store import StoreSpec
+from ragidx.indexer.storage.writer import Committed, IndexWriter, NextGeneration
+from ragidx.indexer.strategies import Strategy
 
 EMBED_SLICE = 256  # chunks tokenised and embedded per step; bounds memory, not results
 
@@ -68,6 +73,10 @@ class BuildReport:
     def vectors_per_second(self) -> float:
         return self.chunks / self.embed_seconds if self.embed_seconds > 0 else 0.0
 
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.embed_seconds if self.embed_seconds > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index_dir,
@@ -99,6 +108,7 @@ class BuildReport:
             "seconds": round(self.seconds, 3),
             "embed_seconds": round(self.embed_seconds, 3),
             "vectors_per_second": round(self.vectors_per_second, 2),
+            "tokens_per_second": round(self.tokens_per_second, 1),
         }
 
 
@@ -143,16 +153,11 @@ def build(
         source = resolve_model(resolution.model)
         if stored and source.model_id == stored.model:
             check_same_file(source, stored.model_file)  # before a changed GGUF is converted
-        arguments = (
-            source,
-            options.device,
-            resolution.dtype,
-            options.trust_remote_code,
-            (resolution.strategy_asked,),
-        )
+        arguments = (source, options.device, resolution.dtype, options.trust_remote_code)
         runtime = loaded.get(arguments) if loaded is not None else None
         if runtime is None:
-            runtime = load_runtime_for(*arguments)
+            notice(f"loading model {source.model_id} ...", options.progress and sys.stderr.isatty())
+            runtime = load_runtime(*arguments)
             if loaded is not None:
                 loaded.clear()
                 loaded[arguments] = runtime
@@ -295,24 +300,38 @@ def _embed_documents(
     embedded = Embedded()
     started = time.perf_counter()
     group: list[DocumentRecord] = []
-    fed = 0  # templated tokens through the model, for the rate shown
-    with progress_bar(len(documents), "embedding", "documents", progress) as bar:
+    fed = done = 0  # templated tokens through the model, chunks embedded: for what is shown
+    total = sum(document.size for document in documents)
+    # Progress is counted in bytes of the files, moved on after every forward pass, so the bar
+    # moves and its ETA holds however unequal the documents are.
+    with progress_bar(total, "embedding", "B", progress, scale=True) as bar:
+        shown = 0.0  # of the current group's bytes
+        group_bytes = group_chunks = 0
 
         def advance(rows: int, batch_tokens: int) -> None:
-            nonlocal fed
+            nonlocal fed, shown, done
             fed += batch_tokens
-            bar.set_postfix(tok_s=f"{fed / max(time.perf_counter() - started, 1e-9):.0f}")
+            done += rows
+            step = group_bytes * rows / max(group_chunks, 1)
+            shown += step
+            bar.update(step)
+            rate = fed / max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix(chunks=done, tok_s=f"{rate:.0f}")
 
         def flush() -> None:
+            nonlocal shown, group_bytes, group_chunks
+            group_bytes = sum(record.source.size for record in group)
+            group_chunks = sum(len(record.chunks) for record in group)
+            shown = 0.0
             pending.add(group, embed_records(strategy, group, advance))
-            bar.update(len(group))
+            bar.update(group_bytes - shown)  # what rounding left
             group.clear()
 
         for document in documents:
             record = read_record(document.path, chunker, access)
             if isinstance(record, SkippedFile):
                 embedded.skipped.append(record)
-                bar.update(1)
+                bar.update(document.size)
                 continue
             group.append(record)
             embedded.count(record)

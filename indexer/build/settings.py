@@ -18,10 +18,12 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES, FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import SourceDocument, read_document
-from ragidx.indexer.model.runtime import ModelRuntime, default_model
+from ragidx.indexer.model.runtime import ModelRuntime, default_model, load_runtime
 from ragidx.indexer.model.sources import canonical_model_id, check_same_file, resolve_model
-from ragidx.indexer.storage import StoreSpec, default_index_dir, no_index, resolve_store, store_from_meta
-from ragidx.indexer.storage.vector_index import VectorIndexSettings
+from ragidx.indexer.storage.index_settings import VectorIndexSettings
+from ragidx.indexer.storage.location import default_index_dir, no_index
+from ragidx.indexer.storage.stores import resolve_store, store_from_meta
+from ragidx.indexer.storage.vector_store import StoreSpec
 from ragidx.indexer.strategies import (
     LONG_DOCUMENT_STRATEGY,
     OPTION_SPECS,
@@ -29,7 +31,6 @@ from ragidx.indexer.strategies import (
     Strategy,
     create_strategy,
     default_strategy,
-    load_runtime_for,
     strategy_class,
     strategy_from_index,
 )
@@ -126,7 +127,7 @@ class IndexSettings:
         source = resolve_model(self.model)
         check_same_file(source, self.model_file)
         chosen = dtype or self.dtype or "auto"
-        runtime = load_runtime_for(source, device, chosen, trust_remote_code, [self.strategy])
+        runtime = load_runtime(source, device, chosen, trust_remote_code)
         return strategy_from_index(self.strategy, runtime, self.strategy_params)
 
     def access(self, documents: Sequence[str] = ()) -> FileAccess:
@@ -332,16 +333,45 @@ class Resolution:
             upgraded = strategy_class(settings.strategy).upgrade_params(stored.strategy_params)
             stored = dataclasses.replace(stored, strategy_params=upgraded)
         differing = [key for key in COMPARED_KEYS if getattr(stored, key) != getattr(settings, key)]
-        if differing:
-            shown = ", ".join(
-                f"{key} {getattr(stored, key)!r} -> {getattr(settings, key)!r}"
-                for key in differing
-                if key in ("model", "strategy")
-            )
-            raise RagidxError(
-                f"the index was built with other settings ({shown or ', '.join(differing)}); "
-                "pass --rebuild to re-embed everything with the new ones"
-            )
+        shown = [
+            f"{key} {getattr(stored, key)!r} -> {getattr(settings, key)!r}"
+            for key in differing
+            if key in ("model", "strategy")
+        ]
+        _refuse(shown or differing)
+
+    def refuse_early(self) -> None:
+        """The conflicts the options and the stored settings show without the model (another model,
+        strategy or chunking), refused before anything loads; :meth:`refuse_incompatible` compares
+        the rest (strategy options, which a strategy resolves against its model: ``--exit-layer -2``
+        is stored as 28) once it has."""
+        given, stored = self.given, self.stored
+        if stored is None:
+            return
+        shown = []
+        if given.model and canonical_model_id(given.model) != stored.model:
+            shown.append(f"model {stored.model!r} -> {canonical_model_id(given.model)!r}")
+        if given.strategy not in (None, "auto", stored.strategy):
+            shown.append(f"strategy {stored.strategy!r} -> {given.strategy!r}")
+        chunker = {
+            "chunk_tokens": given.chunk_tokens,
+            "overlap_sentences": given.overlap_sentences,
+            "spacy_model": given.spacy_model,
+        }
+        shown += [
+            f"{key} {stored.chunker.get(key)!r} -> {value!r}"
+            for key, value in chunker.items()
+            if value is not None and stored.chunker.get(key) != value
+        ]
+        _refuse(shown)
+
+
+def _refuse(differing: Sequence[str]) -> None:
+    if differing:
+        raise RagidxError(
+            f"the index was built with other settings ({', '.join(differing)}); "
+            "pass --rebuild to re-embed everything with the new ones"
+        )
 
 
 def resolve(given: BuildOptions, previous: IndexSettings | None) -> Resolution:
@@ -362,6 +392,7 @@ def resolve(given: BuildOptions, previous: IndexSettings | None) -> Resolution:
     named = resolution.strategy_asked
     if named not in (None, "auto"):  # refuse bad options in milliseconds, before the model loads
         strategy_class(named).Options.given(given.strategy_options, named)
+    resolution.refuse_early()
     return resolution
 
 

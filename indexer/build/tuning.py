@@ -32,10 +32,10 @@ from ragidx.indexer.build.settings import IndexSettings
 from ragidx.indexer.ingest.chunking import Span
 from ragidx.indexer.search.engine import Ranked, SearchEngine
 from ragidx.indexer.search.fusion import Fusion
-from ragidx.indexer.storage import IndexReader
+from ragidx.indexer.storage.reader import IndexReader
 
 if TYPE_CHECKING:
-    from ragidx.indexer.storage import IndexWriter
+    from ragidx.indexer.storage.writer import IndexWriter
     from ragidx.indexer.strategies import Strategy
 
 DEFAULT_QUERIES = 100  # each costs one query and one document embedding

@@ -1,7 +1,7 @@
 """Convert a GGUF model once into a plain model folder in the cache, keyed by the file's SHA-256.
 
-transformers reads GGUF by dequantising every tensor, which takes 15-60 s on two cores; the
-dequantised weights (safetensors) and the tokenizer (tokenizer.json) are saved so that later
+The weights are dequantised a tensor at a time into 16-bit safetensors (memory holds one shard
+and one tensor: an 8B model converts on a laptop), with the tokenizer (tokenizer.json), so later
 loads take seconds. A conversion is written into a private temporary folder and renamed into
 place only when complete, under a lock, so two processes converting the same file at once do the
 work once and no half-written folder is ever loaded.
@@ -20,16 +20,42 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
 
-from ragidx.indexer.cache import cache_dir
+from ragidx.indexer.cache import cache_dir, read_json_cache, write_json_cache
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
+from ragidx.indexer.model.memory import check_disk
 from ragidx.indexer.model.quiet import quiet_transformers
+from ragidx.indexer.progress import progress
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """What a GGUF file's header says, read without touching its tensor data."""
+
+    architecture: str
+    types: frozenset[str]  # the GGML type names of its tensors (F32, Q8_0, Q4_K, ...)
+    parameters: int
+
+
+def _read_header(path: Path, shown: str) -> GgufHeader:
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+        field = reader.fields["general.architecture"]
+        return GgufHeader(
+            architecture=bytes(field.parts[field.data[0]]).decode(),
+            types=frozenset(tensor.tensor_type.name for tensor in reader.tensors),
+            parameters=sum(int(tensor.n_elements) for tensor in reader.tensors),
+        )
+    except Exception as error:  # the reader raises ValueError, KeyError or IndexError on damage
+        raise RagidxError(f"'{shown}' is not a readable GGUF file (truncated or damaged: {error})") from None
 
 
 @dataclass(frozen=True)
@@ -38,10 +64,23 @@ class GgufFile:
 
     parts: tuple[Path, ...]
     expected_sha256: str | None = None
+    digest: str | None = None  # the SHA-256 a content-addressed store names it by (Ollama's blobs)
+    label: str | None = None  # how messages name it (an Ollama model's name); else its path
+
+    @property
+    def shown(self) -> str:
+        return self.label or str(self.parts[0])
 
     @functools.cached_property
     def sha256(self) -> str:
-        """Read first of all, so an unreadable file is named as such, not blamed on the cache."""
+        """The content's SHA-256: a store's digest, else remembered for an unchanged file (path, size,
+        mtime and inode as at its last hashing: an 8B file takes seconds to read), else read, first
+        of all, so that an unreadable file is named as such, not blamed on the cache."""
+        if self.digest:
+            return self.digest
+        remembered = remembered_sha256(self.parts)
+        if remembered:
+            return remembered
         digest = hashlib.sha256()
         for part in self.parts:
             try:
@@ -50,7 +89,30 @@ class GgufFile:
                         digest.update(block)
             except OSError as error:
                 raise RagidxError(f"cannot read model file {part}: {error.strerror or error}") from None
+        remember_sha256(self.parts, digest.hexdigest())
         return digest.hexdigest()
+
+    @functools.cached_property
+    def header(self) -> GgufHeader | None:
+        """The header of a single-file GGUF (parts are read once assembled: None), remembered by
+        SHA-256 (the gguf library parses every field: 2 s for SmolLM2, ~10 s for a 262k-token
+        vocabulary), or a one-line refusal of a file that is not GGUF or is damaged."""
+        first = self.parts[0]
+        with first.open("rb") as file:
+            if file.read(4) != b"GGUF":
+                raise RagidxError(
+                    f"'{self.shown}' is not a GGUF file (it does not start with the magic bytes GGUF)"
+                )
+        if len(self.parts) > 1:
+            return None
+        known = read_json_cache(models_cache() / HEADERS)
+        with contextlib.suppress(KeyError, TypeError):
+            entry = known[self.sha256]
+            return GgufHeader(entry["architecture"], frozenset(entry["types"]), int(entry["parameters"]))
+        header = _read_header(first, self.shown)
+        entry = {**asdict(header), "types": sorted(header.types)}
+        write_json_cache(models_cache() / HEADERS, {**known, self.sha256: entry})
+        return header
 
     def record(self) -> dict[str, Any]:
         """What an index stores to notice a changed file later."""
@@ -60,6 +122,10 @@ class GgufFile:
 # GGUF names of the architectures ragidx supports (llama.cpp writes Mistral models as "llama").
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
 MANIFEST = "ragidx-gguf.json"  # written last: its presence marks a complete conversion
+CACHE_DTYPE = "bfloat16"  # the converted weights' type (see README "Models": measured against float32)
+CACHE_TAG = {"bfloat16": "bf16", "float16": "f16"}[CACHE_DTYPE]
+SHARD_BYTES = 256 * 2**20  # memory holds one shard while it is written, and while it is packed at load
+ROWS_AT_ONCE = 8192  # rows of a big tensor dequantised to float32 at once (Llama-3's embedding: 128 MiB)
 KILL_POINT = "gguf-convert"  # RAGIDX_KILL_AT=gguf-convert: die with the conversion written, not yet renamed
 
 
@@ -67,13 +133,49 @@ def models_cache() -> Path:
     return cache_dir() / "models"
 
 
+HASHES = "hashes.json"  # in models_cache(): a single GGUF file's SHA-256 by path, size, mtime, inode
+HEADERS = "headers.json"  # in models_cache(): a GGUF file's header facts by SHA-256
+
+
+def _stamp(path: Path) -> dict[str, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "inode": status.st_ino}
+
+
+def remembered_sha256(parts: tuple[Path, ...]) -> str | None:
+    """The SHA-256 hashed before for this single file, if it has not changed since."""
+    stamp = _stamp(parts[0]) if len(parts) == 1 else None
+    entry = read_json_cache(models_cache() / HASHES).get(str(parts[0])) if stamp else None
+    if not isinstance(entry, dict) or {key: entry.get(key) for key in stamp or {}} != stamp:
+        return None
+    sha256 = entry.get("sha256")
+    return sha256 if isinstance(sha256, str) and len(sha256) == 64 else None
+
+
+def remember_sha256(parts: tuple[Path, ...], sha256: str) -> None:
+    stamp = _stamp(parts[0])
+    if len(parts) == 1 and stamp is not None:
+        known = read_json_cache(models_cache() / HASHES)
+        known = {path: entry for path, entry in known.items() if Path(path).exists()}  # forget deleted files
+        write_json_cache(models_cache() / HASHES, {**known, str(parts[0]): {**stamp, "sha256": sha256}})
+
+
+def cache_folder(gguf: GgufFile) -> Path:
+    """Where ``gguf``'s conversion lives: its SHA-256 and the weights' type (a float32 copy made by
+    an earlier ragidx, ``<sha256>/``, is replaced once: :func:`converted_folder`)."""
+    return models_cache() / f"{gguf.sha256}-{CACHE_TAG}"
+
+
 def is_converted(gguf: GgufFile) -> bool:
-    return (models_cache() / gguf.sha256 / MANIFEST).is_file()
+    return (cache_folder(gguf) / MANIFEST).is_file()
 
 
 def converted_folder(gguf: GgufFile) -> Path:
     """The converted model folder for ``gguf``, converting it first if no complete copy exists."""
-    folder = models_cache() / gguf.sha256
+    folder = cache_folder(gguf)
     if is_converted(gguf):
         return folder
     with _cache_errors(models_cache()):
@@ -83,6 +185,8 @@ def converted_folder(gguf: GgufFile) -> Path:
                 return folder
             _remove_leftovers(gguf.sha256)
             check_gguf(gguf)
+            if gguf.header is not None:
+                check_disk(gguf.shown, gguf.header.parameters, models_cache())
             print(f"converting {gguf.parts[0].name} once into {folder} ...", file=sys.stderr)
             partial = Path(tempfile.mkdtemp(prefix=f".{gguf.sha256}.", suffix=".partial", dir=models_cache()))
             try:
@@ -91,6 +195,7 @@ def converted_folder(gguf: GgufFile) -> Path:
                 partial.rename(folder)
             finally:
                 shutil.rmtree(partial, ignore_errors=True)
+            shutil.rmtree(models_cache() / gguf.sha256, ignore_errors=True)  # an earlier float32 copy
     return folder
 
 
@@ -126,31 +231,22 @@ def _remove_leftovers(sha256: str) -> None:
 
 
 def check_gguf(gguf: GgufFile) -> None:
-    """Read the header: refuse a file that is not GGUF, a foreign architecture or an unreadable type,
+    """Refuse a file that is not GGUF, a foreign architecture or an unreadable type from its header,
     in a second rather than after a long dequantisation."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType
     from gguf.quants import _type_traits
 
-    readable = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, *_type_traits}
-    first = gguf.parts[0]
-    with first.open("rb") as file:
-        if file.read(4) != b"GGUF":
-            raise RagidxError(f"'{first}' is not a GGUF file (it does not start with the GGUF magic bytes)")
-    if len(gguf.parts) > 1:
+    header = gguf.header
+    if header is None:
         return  # parts are read once assembled; their checksum was verified already
-    try:
-        reader = GGUFReader(first)
-        field = reader.fields["general.architecture"]
-        architecture = bytes(field.parts[field.data[0]]).decode()
-        types = {tensor.tensor_type for tensor in reader.tensors}
-    except Exception as error:  # the reader raises ValueError, KeyError or IndexError on damage
-        raise RagidxError(f"'{first}' is not a readable GGUF file (truncated or damaged: {error})") from None
-    if architecture not in GGUF_ARCHITECTURES:
+    first = gguf.shown
+    if header.architecture not in GGUF_ARCHITECTURES:
         raise RagidxError(
-            f"'{first}' holds a '{architecture}' model; ragidx reads GGUF models of the architectures "
-            f"{', '.join(GGUF_ARCHITECTURES)}"
+            f"'{first}' holds a '{header.architecture}' model; ragidx reads GGUF models of the "
+            f"architectures {', '.join(GGUF_ARCHITECTURES)}"
         )
-    unreadable = sorted(t.name for t in types if t not in readable)
+    readable = {kind.name for kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, *_type_traits)}
+    unreadable = sorted(header.types - readable)
     if unreadable:
         raise RagidxError(
             f"'{first}' uses the quantisation type {', '.join(unreadable)}, which transformers cannot "
@@ -159,7 +255,7 @@ def check_gguf(gguf: GgufFile) -> None:
 
 
 @contextlib.contextmanager
-def _single_file(gguf: GgufFile, scratch: Path) -> Iterator[Path]:
+def single_file(gguf: GgufFile, scratch: Path) -> Iterator[Path]:
     """The GGUF as one file: itself, or its parts concatenated into ``scratch`` for the conversion."""
     if len(gguf.parts) == 1:
         yield gguf.parts[0]
@@ -176,23 +272,10 @@ def _single_file(gguf: GgufFile, scratch: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def _bar_on_terminals_only() -> Iterator[None]:
-    """transformers draws its dequantisation bar with plain tqdm, even into logs and pipes; like
-    ragidx's own bars it shows on a terminal only (``disable=None``)."""
-    from unittest import mock
-
-    import transformers.modeling_gguf_pytorch_utils as gguf_loading
-    from tqdm.auto import tqdm
-
-    with mock.patch.object(gguf_loading, "tqdm", functools.partial(tqdm, disable=None)):
-        yield
-
-
-@contextlib.contextmanager
 def _parsed_once() -> Iterator[None]:
-    """transformers reads the GGUF file three times (config, tokenizer, weights), each time parsing
-    every metadata field anew: for Gemma 3's 262k-token vocabulary that is most of a conversion.
-    One reader per file serves all three (it is only ever read)."""
+    """transformers reads the GGUF file's metadata for the config and again for the tokenizer,
+    each time parsing every field anew (for Gemma 3's 262k-token vocabulary, seconds); one reader
+    per file serves both and the tensors (it is only ever read)."""
     from unittest import mock
 
     import gguf as gguf_library
@@ -204,35 +287,131 @@ def _parsed_once() -> Iterator[None]:
 
 
 def _convert(gguf: GgufFile, target: Path) -> None:
-    """Dequantise into float32 safetensors plus tokenizer files in ``target``, manifest last."""
+    """Write ``target``: the weights dequantised a tensor at a time (a big one a block of rows at a
+    time) into 16-bit safetensors shards, then the config and tokenizer, the manifest last. Names and
+    per-architecture processing (Llama's q/k permutation, Gemma's norm offsets) are transformers'
+    own; memory holds one shard and one tensor, never the model in float32."""
     import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        load_gguf_checkpoint,
+        read_field,
+    )
 
     quiet_transformers()
     started = time.perf_counter()
-    with _single_file(gguf, target) as path, _bar_on_terminals_only(), _parsed_once():
+    with single_file(gguf, target) as path, _parsed_once():
         try:
+            parsed = load_gguf_checkpoint(str(path))
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            model = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        except (ValueError, KeyError, NotImplementedError, RuntimeError) as error:
+        except (ValueError, KeyError, NotImplementedError, RuntimeError, OSError) as error:
             detail = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise RagidxError(
-                f"transformers could not read the GGUF model '{gguf.parts[0]}': {detail}"
+                f"transformers could not read the GGUF model '{gguf.shown}': {detail}"
             ) from None
-    config = model.config
-    # The tensors are already dequantised floats; only the GGUF marks would stop a plain save.
-    model.hf_quantizer = None
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        architecture = read_field(reader, "general.architecture")[0]
+        processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
+        with torch.device("meta"):
+            skeleton = AutoModel.from_config(config)
+        names = get_gguf_hf_weights_map(skeleton, processor)
+        expected = set(skeleton.state_dict())
+        del skeleton
+        shards = ShardWriter(target, getattr(torch, CACHE_DTYPE))
+        with progress(len(reader.tensors), "converting", "tensors") as bar:
+            for tensor in reader.tensors:
+                name = names.get(tensor.name)
+                if name is not None:  # else a head the base model has no use for (output.weight)
+                    shards.add(name, _dequantised(tensor, processor, shards.dtype))
+                bar.update(1)
+        written = shards.finish()
+        del reader
+    missing = sorted(expected - written)
+    if missing:
+        raise RagidxError(
+            f"the GGUF model '{gguf.shown}' lacks weights the model needs: {', '.join(missing[:3])}"
+        )
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model.save_pretrained(target)
+    config.dtype = CACHE_DTYPE
+    config.save_pretrained(target)
     tokenizer.save_pretrained(target)
     manifest = {
         **gguf.record(),
         "model_type": config.model_type,
+        "dtype": CACHE_DTYPE,
         "seconds": round(time.perf_counter() - started, 1),
     }
     (target / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     _fsync_folder(target)
+
+
+def _dequantised(tensor: Any, processor: Any, dtype: Any) -> Any:
+    """One GGUF tensor as a ``dtype`` torch tensor, processed as transformers processes it. A big
+    tensor (the embedding) is dequantised :data:`ROWS_AT_ONCE` rows at a time, straight into its
+    16-bit copy; the processing that needs a whole tensor (q/k permutation) only meets small ones."""
+    import numpy as np
+    import torch
+    from gguf import dequantize
+
+    data = tensor.data
+    whole = (
+        data.ndim < 2
+        or data.shape[0] <= ROWS_AT_ONCE
+        or ".attn_q." in tensor.name
+        or ".attn_k." in tensor.name
+    )
+    blocks = [data] if whole else [data[i : i + ROWS_AT_ONCE] for i in range(0, data.shape[0], ROWS_AT_ONCE)]
+    parts = []
+    for block in blocks:
+        weights = processor.process(weights=dequantize(block, tensor.tensor_type), name=tensor.name).weights
+        # an F32 tensor arrives as a read-only view of the file, which torch will not wrap
+        parts.append(torch.from_numpy(np.require(weights, requirements=["C", "W"])).to(dtype))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class ShardWriter:
+    """Safetensors shards of at most :data:`SHARD_BYTES` (one file, ``model.safetensors``, when
+    they all fit in one), with transformers' index file naming each weight's shard."""
+
+    def __init__(self, folder: Path, dtype: Any):
+        self.folder, self.dtype = folder, dtype
+        self.pending: dict[str, Any] = {}
+        self.size = 0
+        self.files: list[str] = []
+        self.where: dict[str, str] = {}
+
+    def add(self, name: str, tensor: Any) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.pending and self.size + nbytes > SHARD_BYTES:
+            self._flush()
+        self.pending[name] = tensor
+        self.size += nbytes
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        file = f"model-{len(self.files) + 1:05d}.safetensors"
+        save_file(self.pending, str(self.folder / file), metadata={"format": "pt"})
+        self.files.append(file)
+        self.where.update(dict.fromkeys(self.pending, file))
+        self.pending, self.size = {}, 0
+
+    def finish(self) -> set[str]:
+        """Write what is left and the index (or rename a single shard); the names written."""
+        self._flush()
+        if len(self.files) == 1:
+            (self.folder / self.files[0]).rename(self.folder / "model.safetensors")
+        else:
+            index = {"metadata": {}, "weight_map": self.where}
+            (self.folder / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+        return set(self.where)
 
 
 def _fsync_folder(folder: Path) -> None:

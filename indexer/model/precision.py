@@ -9,8 +9,6 @@ instructions keeps float32, and one with them times a model-shaped matrix produc
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -18,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ragidx.indexer.cache import cache_dir
+from ragidx.indexer.cache import cache_dir, read_json_cache, write_json_cache
 
 PROBE_TOKENS = 256  # rows of the probe's product: a typical batch slice, large enough to be steady
 PROBE_SECONDS = 0.4  # per dtype
@@ -116,30 +114,11 @@ def cpu_auto_dtype(hidden: int, intermediate: int) -> str:
         return "float32"
     path = cache_dir() / CACHE_FILE
     key = _machine_key(hidden, intermediate)
-    cached = _read_cache(path)
+    cached = read_json_cache(path)
     try:
         return PrecisionProbe(**cached[key]).chosen
     except (KeyError, TypeError):
         pass  # not measured yet for this machine and shape (or an entry from another version)
     probe = probe_precision(hidden, intermediate)
-    _write_cache(path, {**cached, key: asdict(probe)})
+    write_json_cache(path, {**cached, key: asdict(probe)})
     return probe.chosen
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_cache(path: Path, data: dict[str, Any]) -> None:
-    """Replace the cache file whole (a reader never sees half of it); a read-only cache is no error."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(data, indent=1))
-        partial.replace(path)
-    except OSError:
-        pass

@@ -7,6 +7,7 @@ attention mask, last *real* token, stop after the last layer a strategy reads) l
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, overload
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.gguf import is_converted
+from ragidx.indexer.model.memory import check_fits, folder_parameters
 from ragidx.indexer.model.packed_linear import pack_linear_weights
 from ragidx.indexer.model.precision import cpu_auto_dtype
 from ragidx.indexer.model.quiet import quiet_transformers
@@ -323,17 +326,15 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_dtype(dtype: str, device: str, config: Any = None, bfloat16_ok: bool = True) -> str:
-    """``auto`` is float32 for strategies that half precision moves too far (``bfloat16_ok``
-    false); otherwise bfloat16 on CUDA, float16 on MPS, and on a CPU what is measured faster there
-    for a model of ``config``'s shape (:mod:`ragidx.indexer.model.precision`).
-    """
+def resolve_dtype(dtype: str, device: str, config: Any = None) -> str:
+    """``auto`` is bfloat16 on CUDA, float16 on MPS, and on a CPU what is measured faster there for
+    a model of ``config``'s shape (:mod:`ragidx.indexer.model.precision`). Every strategy runs in it:
+    where bf16 moves vectors most (``kv-embedding``, ``cp``), STS-B and SciFact figures held within
+    noise of float32 (README, "Precision")."""
     if dtype not in DTYPES:
         raise RagidxError(f"unknown dtype '{dtype}': choose one of {', '.join(DTYPES)}")
     if dtype != "auto":
         return dtype
-    if not bfloat16_ok:
-        return "float32"
     if device != "cpu":
         return {"cuda": "bfloat16", "mps": "float16"}[device]
     if config is None:
@@ -373,28 +374,30 @@ def load_runtime(
     device: str = "auto",
     dtype: str = "auto",
     trust_remote_code: bool = False,
-    bfloat16_ok: Callable[[Any], bool] | None = None,
 ) -> ModelRuntime:
-    """Load tokenizer and base model (no LM head) by short name, GGUF file, local folder or hub id.
-
-    ``dtype="auto"`` stays float32 when ``bfloat16_ok(config)`` says bf16 would move the vectors
-    too far for a model of this config (the strategies decide: see
-    :func:`ragidx.indexer.strategies.load_runtime_for`).
-    """
+    """Load tokenizer and base model (no LM head) by short name, GGUF file, local folder or hub id,
+    in the dtype the run uses (a 16-bit cache is upcast at load for float32), after checking that
+    it fits (:mod:`ragidx.indexer.model.memory`)."""
     import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     source = model if isinstance(model, ModelSource) else resolve_model(model)
     model = source.model_id
+    device = resolve_device(device)
+    if source.gguf and source.gguf.header and not is_converted(source.gguf):
+        # before a conversion that could take minutes: would even a 16-bit run fit?
+        check_fits(model, source.gguf.header.parameters, "bfloat16", device)
     location = source.loadable()
     config = _load_config(location, model, trust_remote_code)
     if config.model_type not in DECODER_TYPES + ENCODER_TYPES:
         raise unsupported_architecture(config.model_type)
-    device = resolve_device(device)
-    half_ok = bfloat16_ok(config) if bfloat16_ok else True
-    torch_dtype = getattr(torch, resolve_dtype(dtype, device, config, half_ok))
+    run_dtype = resolve_dtype(dtype, device, config)
+    parameters = folder_parameters(Path(location)) if Path(location).is_dir() else None
+    if parameters is not None:
+        check_fits(model, parameters, run_dtype, device)
+    torch_dtype = getattr(torch, run_dtype)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(location, trust_remote_code)
         network_model = AutoModel.from_pretrained(
             location, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
@@ -414,3 +417,40 @@ def load_runtime(
     model_file = source.gguf.record() if source.gguf else None
     revision = getattr(config, "_commit_hash", None)
     return ModelRuntime(network_model, tokenizer, source.model_id, revision, local, model_file)
+
+
+SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+    "additional_special_tokens",
+)
+
+
+def load_tokenizer(location: str, trust_remote_code: bool = False) -> Any:
+    """The model's tokenizer. From a local folder with a ``tokenizer.json``, the generic fast
+    tokenizer over that file and the special tokens of ``tokenizer_config.json``: the same ids as
+    ``AutoTokenizer`` (tests/test_runtime.py compares them on every test and real model) at a
+    third of its time (Gemma 3's 33 MB file: 0.9 s against 2.5 s, which rebuilds it through its
+    model-specific class). Elsewhere (a hub id, model code), ``AutoTokenizer``."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    folder = Path(location)
+    if trust_remote_code or not (folder / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    given = {key: _token(config[key]) for key in SPECIAL_TOKENS if config.get(key)}
+    limits = {key: config[key] for key in ("model_max_length", "padding_side") if key in config}
+    return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), **limits, **given)
+
+
+def _token(value: Any) -> Any:
+    """A special token as the config stores it: text, an added-token mapping, or a list of them."""
+    if isinstance(value, list):
+        return [_token(item) for item in value]
+    return value["content"] if isinstance(value, dict) else value

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.gguf import GgufFile, converted_folder, is_converted
+from ragidx.indexer.model.gguf import GgufFile, check_gguf, converted_folder, is_converted
+from ragidx.indexer.model.ollama import PREFIX as OLLAMA_PREFIX
+from ragidx.indexer.model.ollama import OllamaName, find_ollama_model, is_ollama_name, list_ollama_models
 
 GGUF_SUFFIX = ".gguf"
 
@@ -122,6 +124,8 @@ def canonical_model_id(model: str) -> str:
     as absolute paths (a folder holding only one GGUF file stands for that file), hub ids as given."""
     if is_packaged(model):
         return model
+    if is_ollama_name(model):
+        return OLLAMA_PREFIX + OllamaName.parse(model).short
     path = Path(model).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
         ggufs = _ggufs_in(path)
@@ -138,6 +142,8 @@ def resolve_model(model: str) -> ModelSource:
     """Find the model ``--model`` names, or say in one line why it cannot be used."""
     if is_packaged(model):
         return _packaged_source(PACKAGED_MODELS[model])
+    if is_ollama_name(model):
+        return _ollama_source(model)
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix.lower() != GGUF_SUFFIX:
@@ -182,6 +188,13 @@ def _packaged_source(packaged: PackagedModel) -> ModelSource:
     return ModelSource(packaged.name, None, gguf)
 
 
+def _ollama_source(model: str) -> ModelSource:
+    """An Ollama model's GGUF blob, hashed by its name in Ollama's content-addressed store."""
+    found = find_ollama_model(model)
+    name = OLLAMA_PREFIX + found.name.short
+    return ModelSource(name, None, GgufFile((found.blob,), digest=found.sha256, label=name))
+
+
 def check_same_file(source: ModelSource, recorded: dict[str, Any] | None) -> None:
     """Refuse to search an index with a GGUF file that changed since the index was built."""
     if not recorded or source.gguf is None:
@@ -204,12 +217,43 @@ def packaged_model_rows() -> list[dict[str, Any]]:
             converted = is_converted(GgufFile(tuple(paths)))
         rows.append(
             {
+                "source": "package",
                 "name": packaged.name,
                 "description": packaged.description,
                 "install": packaged.install,
                 "installed": paths is not None,
                 "path": str(paths[0]) if paths else None,
                 "converted": converted,
+            }
+        )
+    return rows
+
+
+def ollama_model_rows() -> list[dict[str, Any]]:
+    """Ollama's local models, each with whether ragidx can run its architecture (read from its
+    header once per blob, then remembered) and whether it is converted already."""
+    rows = []
+    for found in list_ollama_models():
+        name = OLLAMA_PREFIX + found.name.short
+        gguf = GgufFile((found.blob,), digest=found.sha256, label=name)
+        header = None
+        try:
+            header = gguf.header
+            check_gguf(gguf)
+            usable, reason = True, ""
+        except RagidxError as error:
+            usable, reason = False, str(error)
+        rows.append(
+            {
+                "source": "ollama",
+                "name": name,
+                "path": str(found.blob),
+                "bytes": found.size,
+                "architecture": header.architecture if header else None,
+                "parameters": header.parameters if header else None,
+                "usable": usable,
+                "why_not": reason,
+                "converted": is_converted(gguf),
             }
         )
     return rows

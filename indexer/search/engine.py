@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -17,82 +17,17 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import resolve_device
 from ragidx.indexer.search.fusion import Fusion
+from ragidx.indexer.search.hits import Explanation, Hit, Listed
 from ragidx.indexer.search.options import SearchOptions, check_queries
-from ragidx.indexer.search.snippets import Snippet, make_snippet, query_stems
-from ragidx.indexer.storage import IndexReader
+from ragidx.indexer.search.snippets import make_snippet, query_stems
 from ragidx.indexer.storage.filters import Filters
+from ragidx.indexer.storage.reader import IndexReader
 
 SNAPSHOT_ATTEMPTS = 5
 
 Ranked = dict[str, list[tuple[int, float]]]  # "dense" / "lexical" -> (chunk id, score), best first
 Embed = Callable[[Sequence[str]], np.ndarray]
 Result = TypeVar("Result")
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One retrieved chunk; ``span`` is its (start, end) character offsets into the document's text.
-
-    ``score`` depends on the mode: cosine (dense), -BM25 (lexical), the fused value (hybrid).
-    """
-
-    rank: int
-    score: float
-    chunk_id: int
-    path: str
-    title: str
-    span: tuple[int, int]
-    text: str
-    snippet: Snippet
-    metadata: dict[str, Any]
-    dense_rank: int | None = None
-    lexical_rank: int | None = None
-    pages: list[int] | None = None  # PDFs: the 1-based pages the chunk's span touches
-    explain: Explanation | None = None  # with ``explain``: how each list and the fusion scored it
-
-    @property
-    def page(self) -> int | None:
-        """The page the chunk starts on (PDFs only)."""
-        return self.pages[0] if self.pages else None
-
-    def to_dict(self) -> dict[str, Any]:
-        found = {**asdict(self), "page": self.page}
-        if self.explain is None:
-            del found["explain"]
-        return found
-
-
-@dataclass(frozen=True)
-class Listed:
-    """A chunk's place in one candidate list: its rank and the list's own score."""
-
-    rank: int
-    score: float
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """Why a hit ranks where it does: its place in the dense and the lexical list (None where it
-    is not among that list's candidates), and for hybrid search the fusion method, the weights
-    and the fused score."""
-
-    dense: Listed | None
-    lexical: Listed | None
-    fusion: str | None = None
-    weights: dict[str, float] | None = None
-    fused: float | None = None
-
-    def describe(self) -> str:
-        """One line, e.g. ``dense #3 0.6123, lexical #1 12.3400; rrf 0.0325 (dense 0.5, lexical 0.5)``."""
-        parts = [
-            f"{name} #{listed.rank} {listed.score:.4f}" if listed else f"{name} -"
-            for name, listed in (("dense", self.dense), ("lexical", self.lexical))
-        ]
-        line = ", ".join(parts)
-        if self.fusion is not None and self.weights is not None and self.fused is not None:
-            weights = ", ".join(f"{name} {weight:g}" for name, weight in self.weights.items())
-            line += f"; {self.fusion} {self.fused:.4f} ({weights})"
-        return line
 
 
 class SearchEngine:

@@ -5,7 +5,6 @@ vector store holds its vectors."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,23 +25,7 @@ if TYPE_CHECKING:
     from ragidx.indexer.ingest.sources import SourceDocument
 
 SCHEMA_VERSION = 1
-DB_NAME = "ragidx.db"
-LOCK_NAME = "build.lock"
-DEFAULT_INDEX_DIR = ".ragidx"
 SQL_BATCH = 500  # ids per "in (...)" list, well under SQLite's parameter limit
-
-
-def default_index_dir() -> Path:
-    """``$RAGIDX_INDEX`` or ``./.ragidx``."""
-    return Path(os.environ.get("RAGIDX_INDEX") or DEFAULT_INDEX_DIR)
-
-
-def no_index(directory: Path) -> RagidxError:
-    """The one error for a folder holding no committed index (none yet, or a first build running)."""
-    return RagidxError(
-        f"no index at {directory}: no build has completed there "
-        "(run `ragidx build PATH` first, or pass --index DIR)"
-    )
 
 
 def database_error(path: Path, error: sqlite3.Error) -> RagidxError:
@@ -71,11 +54,6 @@ def damage(db: Database) -> str | None:
     except sqlite3.DatabaseError as error:  # damage where the check itself must read
         return str(error)
     return None if found == ["ok"] else found[0]
-
-
-def index_exists(directory: str | Path) -> bool:
-    """Whether ``directory`` holds an index database (committed or not)."""
-    return (Path(directory) / DB_NAME).is_file()
 
 
 @dataclass(frozen=True)

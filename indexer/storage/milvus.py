@@ -25,9 +25,16 @@ import numpy as np
 
 from ragidx.indexer.faults import checkpoint
 from ragidx.indexer.storage.database import in_batches
+from ragidx.indexer.storage.index_settings import VectorIndexSettings, default_nlist
 from ragidx.indexer.storage.milvus_collection import INDEX_TYPES, MAX_TOP_K, MilvusCollection
-from ragidx.indexer.storage.vector_index import VectorIndexSettings, default_nlist
-from ragidx.indexer.storage.vector_store import Inspection, LoadedVectors, StoreSpec, VectorChange, Written
+from ragidx.indexer.storage.vector_store import (
+    Inspection,
+    LoadedVectors,
+    StoreKind,
+    StoreSpec,
+    VectorChange,
+    Written,
+)
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
@@ -276,3 +283,7 @@ class MilvusVectors:
 
     def live_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         return self.collection.scan(self.expression)
+
+
+if TYPE_CHECKING:  # mypy checks here that the store implements vector_store's protocols
+    _implements: StoreKind = MilvusLocation

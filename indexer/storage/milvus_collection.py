@@ -17,7 +17,7 @@ import numpy as np
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
-from ragidx.indexer.storage.vector_index import VectorIndexSettings, default_nlist
+from ragidx.indexer.storage.index_settings import VectorIndexSettings, default_nlist
 
 if TYPE_CHECKING:
     from pymilvus import MilvusClient

@@ -16,18 +16,17 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.sources import span_pages
 from ragidx.indexer.storage.database import (
-    DB_NAME,
     SCHEMA_VERSION,
     all_chunk_ids,
     connect,
     database_error,
     in_batches,
-    no_index,
     read_meta,
     relative_sentences,
     row_counts,
 )
 from ragidx.indexer.storage.lexical import CJK_TABLE, match_expression, rewrite_chunk_text
+from ragidx.indexer.storage.location import DB_NAME, no_index
 from ragidx.indexer.storage.stores import store_from_meta
 from ragidx.indexer.storage.vector_store import LoadedVectors, VectorStore
 

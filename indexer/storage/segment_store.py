@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.segments import (
     BackgroundMerge,
     Segment,
@@ -29,10 +30,11 @@ from ragidx.indexer.storage.segments import (
     segment_files,
     write_segments,
 )
-from ragidx.indexer.storage.vector_index import VectorIndexSettings, stored_ids
+from ragidx.indexer.storage.vector_index import stored_ids
 from ragidx.indexer.storage.vector_store import (
     Inspection,
     LoadedVectors,
+    StoreKind,
     StoreSpec,
     VectorChange,
     Written,
@@ -226,3 +228,7 @@ class SegmentWrite:
         if self.merge is not None:
             self.merge.abandon()
             self.merge = None
+
+
+if TYPE_CHECKING:  # mypy checks here that the store implements vector_store's protocols
+    _implements: StoreKind = LocalSegments

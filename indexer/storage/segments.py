@@ -23,12 +23,8 @@ import numpy as np
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
-from ragidx.indexer.storage.vector_index import (
-    VectorIndex,
-    VectorIndexSettings,
-    new_vector_index,
-    stored_ids,
-)
+from ragidx.indexer.storage.index_settings import VectorIndexSettings
+from ragidx.indexer.storage.vector_index import VectorIndex, new_vector_index, stored_ids
 
 if TYPE_CHECKING:
     import faiss

@@ -1,27 +1,32 @@
 """The vector stores an index can use, by the kind its settings record: the one factory (see
-:mod:`.vector_store` for the interface a store implements)."""
+:mod:`.vector_store` for the interface a store implements; a new store is one entry here)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.storage.milvus import MilvusLocation
-from ragidx.indexer.storage.segment_store import LocalSegments
 from ragidx.indexer.storage.vector_store import StoreKind, StoreSpec
 
-STORE_KINDS: dict[str, StoreKind] = {kind.kind: kind for kind in (LocalSegments, MilvusLocation)}
+# kind -> the spec class (module:name), imported on use: naming the stores (the CLI's --store
+# choices) loads none of them.
+STORE_KINDS = {
+    "local": "ragidx.indexer.storage.segment_store:LocalSegments",
+    "milvus": "ragidx.indexer.storage.milvus:MilvusLocation",
+}
 STORES = tuple(STORE_KINDS)
-DEFAULT_STORE = LocalSegments.kind
+DEFAULT_STORE = "local"
 
 
 def store_kind(kind: str) -> StoreKind:
     try:
-        return STORE_KINDS[kind]
+        module, name = STORE_KINDS[kind].split(":")
     except KeyError:
         raise RagidxError(f"unknown store {kind!r}: choose one of {', '.join(STORES)}") from None
+    return cast(StoreKind, getattr(importlib.import_module(module), name))
 
 
 def store_from_meta(meta: Mapping[str, Any]) -> StoreSpec:
@@ -36,7 +41,8 @@ def resolve_store(
     """The store a build writes to: ``kind`` if given, else the kind whose options were given,
     else the index's own. Options that configure another kind are refused."""
     given = {name: value for name, value in options.items() if value is not None}
-    owner = next((k for k in STORE_KINDS.values() if given and set(given) <= k.option_names), None)
+    kinds = [store_kind(name) for name in STORES]
+    owner = next((k for k in kinds if given and set(given) <= k.option_names), None)
     chosen = store_kind(kind) if kind else owner or store_kind(previous.kind if previous else DEFAULT_STORE)
     if given and owner is not chosen:
         flags = " and ".join("--" + name.replace("_", "-") for name in sorted(given))

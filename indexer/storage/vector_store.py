@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import numpy as np
-
 if TYPE_CHECKING:
+    import numpy as np
     from sqlite_utils import Database
 
-    from ragidx.indexer.storage.vector_index import VectorIndexSettings
+    from ragidx.indexer.storage.index_settings import VectorIndexSettings
 
 
 class LoadedVectors(Protocol):

@@ -28,8 +28,6 @@ from ragidx.indexer.errors import IndexLocked, RagidxError
 from ragidx.indexer.faults import checkpoint
 from ragidx.indexer.ingest.chunking import Span
 from ragidx.indexer.storage.database import (
-    DB_NAME,
-    LOCK_NAME,
     ROW_RULES,
     SCHEMA_VERSION,
     DocumentRecord,
@@ -47,15 +45,16 @@ from ragidx.indexer.storage.database import (
     row_counts,
     write_meta,
 )
+from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.lexical import (
     CJK_TABLE,
     add_cjk_rows,
     fill_cjk_table,
     remove_cjk_rows,
 )
+from ragidx.indexer.storage.location import DB_NAME, LOCK_NAME
 from ragidx.indexer.storage.segments import segment_files
 from ragidx.indexer.storage.stores import store_from_meta
-from ragidx.indexer.storage.vector_index import VectorIndexSettings
 from ragidx.indexer.storage.vector_store import StoreSpec, VectorChange, VectorStore
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.runtime import ENCODER_TYPES, ModelRuntime, load_runtime
-from ragidx.indexer.model.sources import ModelSource
+from ragidx.indexer.model.runtime import ENCODER_TYPES, ModelRuntime
 from ragidx.indexer.strategies.base import COMMON_PARAMS, BatchSettings, Role, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.contrastive import ContrastivePrompting
@@ -55,10 +53,8 @@ __all__ = [
     "BatchSettings",
     "Role",
     "Strategy",
-    "bfloat16_ok",
     "create_strategy",
     "default_strategy",
-    "load_runtime_for",
     "named_or_default",
     "strategy_from_index",
 ]
@@ -69,20 +65,6 @@ def strategy_class(name: str) -> type[Strategy]:
         return REGISTRY[name]
     except KeyError:
         raise RagidxError(f"unknown strategy '{name}': choose one of {', '.join(REGISTRY)}") from None
-
-
-def bfloat16_ok(names: Iterable[str | None], config: Any = None) -> bool:
-    """Whether every named strategy may run in bfloat16. ``None`` (the default) and ``auto`` stand
-    for the strategies they may pick for a model of ``config``; without a config they are not known
-    and do not count."""
-    candidates: list[str] = []
-    for name in names:
-        if name not in (None, "auto"):
-            candidates.append(name)
-        elif config is not None:
-            candidates.append(default_strategy(config)[0])
-            candidates += [LONG_DOCUMENT_STRATEGY] if name == "auto" else []
-    return all(strategy_class(name).bfloat16_ok for name in candidates)
 
 
 def default_strategy(config: Any) -> tuple[str, str]:
@@ -105,19 +87,6 @@ def strategy_from_index(name: str, runtime: ModelRuntime, stored: dict[str, Any]
     """The strategy an index was built with: its stored parameters (upgraded from older
     versions), with the ``given`` ones replacing them."""
     return create_strategy(name, runtime, **{**strategy_class(name).upgrade_params(stored), **given})
-
-
-def load_runtime_for(
-    model: str | ModelSource,
-    device: str = "auto",
-    dtype: str = "auto",
-    trust_remote_code: bool = False,
-    strategies: Iterable[str | None] = (),
-) -> ModelRuntime:
-    """:func:`load_runtime` for these strategies: ``dtype="auto"`` stays float32 when one of them
-    (``None``: the model's default) would be moved too far by bf16 (see :func:`bfloat16_ok`)."""
-    names = list(strategies)
-    return load_runtime(model, device, dtype, trust_remote_code, lambda config: bfloat16_ok(names, config))
 
 
 def create_strategy(name: str, runtime: ModelRuntime, **params: Any) -> Strategy:

@@ -8,13 +8,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import numpy as np
-
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.options import StrategyOptions
 from ragidx.indexer.strategies.traced_readout import TracedReadout
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ragidx.indexer.ingest.chunking import Span
@@ -78,6 +77,8 @@ def check_template(template: str, what: str, slots: int = 1) -> str:
 
 
 def l2_normalise(vectors: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.maximum(norms, 1e-12)
 
@@ -103,9 +104,6 @@ class Strategy(ABC):
     default_max_length: ClassVar[int] = 512
     default_chunk_tokens: ClassVar[int] = 256
     text_slots: ClassVar[int] = 1
-    # Whether bfloat16 weights keep this strategy's vectors within cosine 0.999 of float32 on the
-    # real models (tests/test_real_models.py); if not, ``--dtype auto`` stays float32 on CPUs.
-    bfloat16_ok: ClassVar[bool] = True
     # Whether ``readout`` of one row depends on its token ids alone (not on the prepared row's other
     # fields), so that it can be traced once and replayed for single texts (see traced_readout).
     traceable: ClassVar[bool] = False
@@ -237,6 +235,8 @@ class Strategy(ABC):
         if any(not text.strip() for text in texts):  # builds never ask; a caller may
             raise RagidxError("cannot embed an empty text")
         prepared = self.prepare(texts, self.check_role(role), sentences)
+        import numpy as np
+
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         sequences = [row.ids for row in prepared]
         for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):

@@ -68,8 +68,6 @@ class ContrastivePrompting(Strategy):
     description = "Contrastive Prompting: normal prompt minus an 'irrelevant information' prompt at layer l"
     paper = "Contrastive Prompting (CP), Cheng et al. 2025"
     preprocess_text = True
-    # Subtracting the auxiliary pass amplifies rounding: bf16 moved a Gemma 3 chunk to cosine 0.9977.
-    bfloat16_ok = False
 
     @dataclass(frozen=True)
     class Options(StrategyOptions):

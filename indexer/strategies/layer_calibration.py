@@ -19,13 +19,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ragidx.indexer.cache import cache_dir
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.pooling import masked_mean
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ragidx.indexer.model.runtime import ModelRuntime
@@ -50,6 +49,8 @@ def two_nn(points: np.ndarray, discard: float = DISCARD_FRACTION) -> float:
     The fit rather than the shortcut N/Σlog μ over the kept ratios: truncating the tail biases
     that shortcut upward by about a third (the kept log-ratios are too small on average).
     """
+    import numpy as np
+
     x = np.unique(np.asarray(points, dtype=np.float64), axis=0)
     if len(x) < 3:
         raise RagidxError("TwoNN needs at least 3 distinct points")
@@ -85,6 +86,7 @@ def layer_representations(
     Special tokens (BOS, CLS/SEP) are left out of the mean: their states are the same for every
     text and, as attention sinks, often huge, so they would swamp the distances TwoNN measures.
     """
+    import numpy as np
     import torch
 
     specials = torch.tensor(sorted(set(runtime.tokenizer.all_special_ids)), dtype=torch.long)

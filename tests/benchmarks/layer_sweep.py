@@ -108,10 +108,11 @@ def main() -> None:
     args = parser.parse_args()
     from ragidx.app.research.evaluation import document_text, load_beir, load_sts, subsample
     from ragidx.indexer.ingest.chunking import Chunker
-    from ragidx.indexer.strategies import create_strategy, load_runtime_for, strategy_class
+    from ragidx.indexer.model.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy, strategy_class
 
     options = {key: typed(value) for key, value in (option.split("=", 1) for option in args.options)}
-    runtime = load_runtime_for(args.model, "cpu", args.dtype, strategies=[args.strategy])
+    runtime = load_runtime(args.model, "cpu", args.dtype)
     strategy = create_strategy(args.strategy, runtime, **options)
     dataset = subsample(load_beir(EVAL_DATA / "scifact", "train"), args.docs, args.queries)
     chunker = Chunker(runtime.tokenizer, strategy_class(args.strategy).default_chunk_tokens, 1, None)

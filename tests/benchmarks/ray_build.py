@@ -27,7 +27,7 @@ from build_memory import DEFAULT_JSONL, RAGIDX, write_corpus
 
 def vectors(index: Path) -> dict[int, object]:
     """Chunk id -> stored vector (a Ray build gives its chunks the ids a local build does)."""
-    from ragidx.indexer.storage import IndexReader
+    from ragidx.indexer.storage.reader import IndexReader
 
     reader = IndexReader(index)
     ids, stored = reader.load_vectors().live_vectors()

@@ -50,7 +50,7 @@ def unit_vectors(n: int, dimension: int, seed: int) -> np.ndarray:
 def document(name: str) -> object:
     from ragidx.indexer.ingest.chunking import Chunk
     from ragidx.indexer.ingest.sources import SourceDocument
-    from ragidx.indexer.storage import DocumentRecord
+    from ragidx.indexer.storage.database import DocumentRecord
 
     texts = [f"{name} chunk {i}" for i in range(CHUNKS_PER_DOCUMENT)]
     source = SourceDocument(f"/docs/{name}", " ".join(texts), f"hash-{name}", 100, 0.0, name, "text")
@@ -67,7 +67,7 @@ def vector_files(directory: Path) -> tuple[int, int]:
 
 
 def search_ms(directory: Path, dimension: int) -> float:
-    from ragidx.indexer.storage import IndexReader
+    from ragidx.indexer.storage.reader import IndexReader
 
     reader = IndexReader(directory)
     vectors = reader.load_vectors()
@@ -92,8 +92,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.root:
         use_checkout(args.root)
-    from ragidx.indexer.storage import IndexWriter
-    from ragidx.indexer.storage.vector_index import VectorIndexSettings
+    from ragidx.indexer.storage.index_settings import VectorIndexSettings
+    from ragidx.indexer.storage.writer import IndexWriter
 
     directory = args.dir or Path(tempfile.mkdtemp(prefix="ragidx-segments-"))
     meta = {"model": "random", "strategy": "mean", "strategy_params": {}, "dimension": args.dimension}

@@ -71,7 +71,8 @@ def rss_mb() -> float:
 
 def built(kind: str, vectors: np.ndarray):
     """A vector index of ``kind`` over ``vectors``, made as a build's first commit makes it."""
-    from ragidx.indexer.storage.vector_index import VectorIndexSettings, new_vector_index
+    from ragidx.indexer.storage.index_settings import VectorIndexSettings
+    from ragidx.indexer.storage.vector_index import new_vector_index
 
     ids = np.arange(len(vectors), dtype=np.int64)
     return new_vector_index(VectorIndexSettings(requested=kind), vectors, ids)

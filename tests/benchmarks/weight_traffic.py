@@ -62,15 +62,15 @@ def int4_check(weight_shape: tuple[int, int], tokens: int, dtype: object) -> tup
 def main() -> None:
     import torch
 
+    from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.model.sources import resolve_model
-    from ragidx.indexer.strategies import load_runtime_for
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tokens", type=int, default=20)
     args = parser.parse_args()
-    runtime = load_runtime_for(resolve_model(args.model), "cpu", args.dtype)
+    runtime = load_runtime(resolve_model(args.model), "cpu", args.dtype)
     dtype = next(runtime.model.parameters()).dtype
     layers = runtime.arch.layers
     linears = [[m for m in layer.modules() if isinstance(m, torch.nn.Linear)] for layer in layers]

@@ -1,0 +1,164 @@
+"""Talking to the per-user ragidx daemon (see :mod:`ragidx.app.daemon`), without loading anything.
+
+A search tool runs many times a minute, and each ``ragidx query`` used to pay for importing
+torch, loading a tokenizer and a model: seconds before the first result. The daemon keeps
+indexes and their models loaded; the CLI sends it one JSON request over a Unix socket and prints
+the answer. This module is what the CLI needs for that, and it imports nothing heavy: the socket
+path, starting a daemon when none answers, one request and its reply.
+
+The socket lives in a folder only the user can enter (``$XDG_RUNTIME_DIR/ragidx``, else
+``/tmp/ragidx-<uid>``, mode 0700, owned by the user; the socket itself 0600), and its name
+carries a fingerprint of the Python, the ragidx code and the environment variables that change
+what a model computes, so a daemon started under other settings is never asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ragidx
+
+DISABLE_VARIABLE = "RAGIDX_NO_DAEMON"  # set (to anything but 0) to never use a daemon
+IDLE_VARIABLE = "RAGIDX_DAEMON_IDLE"  # seconds a daemon waits for work before it exits
+DEFAULT_IDLE_SECONDS = 600
+MAX_FOLDER_BYTES = 80  # leaves room for the socket's own name within AF_UNIX's 107 bytes
+START_SECONDS = 60.0  # for a new daemon to listen (it binds before importing the model stack)
+FINGERPRINTED_PREFIXES = ("RAGIDX_", "HF_", "TRANSFORMERS_", "OMP_", "MKL_", "CUDA_", "TORCH_", "PYTORCH_")
+UNFINGERPRINTED = {DISABLE_VARIABLE, IDLE_VARIABLE, "RAGIDX_INDEX", "RAGIDX_MODEL", "RAGIDX_DEBUG"}
+
+
+class DaemonUnavailable(Exception):
+    """No daemon can be used here (the socket folder is not private, or one would not start)."""
+
+
+def wanted(no_daemon: bool) -> bool:
+    """Whether a command should use the daemon: not when told otherwise by flag or environment."""
+    return not no_daemon and os.environ.get(DISABLE_VARIABLE, "0") in ("", "0")
+
+
+def runtime_folder() -> Path:
+    """The user's private folder for daemon sockets, made (0700) if missing; refused when another
+    user owns it or others may enter it. ``/tmp/ragidx-<uid>`` where ``$XDG_RUNTIME_DIR`` is unset
+    or too deep for a socket's name (at most 107 bytes on Linux)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(base) / "ragidx" if base else Path(f"/tmp/ragidx-{os.getuid()}")
+    if len(os.fsencode(folder)) > MAX_FOLDER_BYTES:
+        folder = Path(f"/tmp/ragidx-{os.getuid()}")
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    found = folder.lstat()
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise DaemonUnavailable(f"{folder} is not a private folder of this user")
+    return folder
+
+
+def fingerprint() -> str:
+    """What a daemon's answers depend on besides the request: this Python, the ragidx code (the
+    newest modification time of its files) and the environment that changes a model's output."""
+    package = Path(ragidx.__file__).parent
+    newest = max(
+        (
+            entry.stat().st_mtime_ns
+            for folder in (package, package / "app", package / "indexer")
+            for entry in _py(folder)
+        ),
+        default=0,
+    )
+    settings = sorted(
+        (key, value)
+        for key, value in os.environ.items()
+        if key.startswith(FINGERPRINTED_PREFIXES) and key not in UNFINGERPRINTED
+    )
+    seen = json.dumps([ragidx.__version__, sys.executable, newest, settings])
+    return hashlib.sha256(seen.encode()).hexdigest()[:16]
+
+
+def _py(folder: Path) -> list[os.DirEntry[str]]:
+    """The Python files under ``folder`` (recursively), as directory entries."""
+    found: list[os.DirEntry[str]] = []
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir() and not entry.name.startswith((".", "__")):
+                found += _py(Path(entry.path))
+            elif entry.name.endswith(".py"):
+                found.append(entry)
+    return found
+
+
+def socket_path() -> Path:
+    return runtime_folder() / f"d-{fingerprint()}.sock"
+
+
+def ask(request: dict[str, Any], start: bool = True) -> dict[str, Any]:
+    """Send ``request`` to this user's daemon and return its answer, starting a daemon first when
+    none answers (and ``start``); :class:`DaemonUnavailable` when none can be had."""
+    path = socket_path()
+    connection = _connect(path)
+    if connection is None:
+        if not start:
+            raise DaemonUnavailable("no daemon is running")
+        connection = _start(path)
+    with connection:
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        answer = b"".join(iter(lambda: connection.recv(1 << 16), b""))
+    if not answer:
+        raise DaemonUnavailable("the daemon closed the connection without an answer")
+    return json.loads(answer)
+
+
+def _connect(path: Path) -> socket.socket | None:
+    """A connection to the daemon at ``path``, or None where none listens (a socket file left
+    by a daemon that died is removed)."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(str(path))
+    except FileNotFoundError:
+        connection.close()
+        return None
+    except ConnectionRefusedError:
+        connection.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return None
+    return connection
+
+
+def _start(path: Path) -> socket.socket:
+    """Start a daemon for ``path`` (one at a time: two clients starting at once share it) and
+    connect to it as soon as it listens."""
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        connection = _connect(path)
+        if connection is not None:  # another client started it meanwhile
+            return connection
+        log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the daemon
+        command = [
+            sys.executable,
+            "-c",
+            "from ragidx.cli import main; main()",
+            "daemon",
+            "run",
+            "--socket",
+            str(path),
+        ]
+        subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+        )
+        log.close()
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            connection = _connect(path)
+            if connection is not None:
+                return connection
+            time.sleep(0.02)
+    raise DaemonUnavailable(f"the daemon did not start (see {path.with_suffix('.log')})")

@@ -1,0 +1,31 @@
+"""Where an index lives: its folder (``--index``, ``$RAGIDX_INDEX``, ``./.ragidx``) and the file
+names in it. Nothing here opens anything, so the CLI can name an index cheaply."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ragidx.indexer.errors import RagidxError
+
+DB_NAME = "ragidx.db"
+LOCK_NAME = "build.lock"
+DEFAULT_INDEX_DIR = ".ragidx"
+
+
+def default_index_dir() -> Path:
+    """``$RAGIDX_INDEX`` or ``./.ragidx``."""
+    return Path(os.environ.get("RAGIDX_INDEX") or DEFAULT_INDEX_DIR)
+
+
+def no_index(directory: Path) -> RagidxError:
+    """The one error for a folder holding no committed index (none yet, or a first build running)."""
+    return RagidxError(
+        f"no index at {directory}: no build has completed there "
+        "(run `ragidx build PATH` first, or pass --index DIR)"
+    )
+
+
+def index_exists(directory: str | Path) -> bool:
+    """Whether ``directory`` holds an index database (committed or not)."""
+    return (Path(directory) / DB_NAME).is_file()
