@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragidx.app.retriever import Index
 from ragidx.indexer.errors import RagidxError
 
 MAX_INDEXES = 2  # each holds its model in memory
@@ -43,6 +44,7 @@ class Daemon:
         self.served = 0
         self.open: collections.OrderedDict[tuple[str, str, str | None], Any] = collections.OrderedDict()
         self.listener = _listen(path)
+        self.inode = path.stat().st_ino  # a later daemon's socket at the same path is not ours
         self.stopping = False
         self.cold: dict[tuple[str, str, str | None], int] = {}  # index -> warm-up calls left
         self.warm: set[tuple[str, str, str | None]] = set()
@@ -59,7 +61,8 @@ class Daemon:
                 with connection:
                     connection.settimeout(None)
                     self._answer(connection)
-                self._warm_up_while_idle()
+                if not self.stopping:
+                    self._warm_up_while_idle()
                 last = time.monotonic()
         finally:
             self.close()
@@ -83,6 +86,7 @@ class Daemon:
             return self.status()
         if operation == "stop":
             self.stopping = True
+            self._withdraw()  # before answering: a client told "stopped" finds no socket
             return {"stopped": True, "pid": os.getpid()}
         key = (os.path.realpath(request["index"]), request.get("device", "auto"), request.get("dtype"))
         index = self.index(key)
@@ -103,8 +107,6 @@ class Daemon:
 
     def index(self, key: tuple[str, str, str | None]) -> Any:
         """The open index (and its loaded model) for ``(folder, device, dtype)``; opened on first use."""
-        from ragidx.app import Index
-
         folder, device, dtype = key
         if key not in self.open:
             self.open[key] = Index.open(folder, device=device, dtype=dtype)
@@ -141,10 +143,17 @@ class Daemon:
             ],
         }
 
+    def _withdraw(self) -> None:
+        """Remove this daemon's socket file, unless another daemon's has replaced it."""
+        try:
+            if self.path.stat().st_ino == self.inode:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+
     def close(self) -> None:
         self.listener.close()
-        if self.path.is_socket():
-            self.path.unlink()
+        self._withdraw()
         for index in self.open.values():
             index.close()
 

@@ -19,7 +19,16 @@ from module_graph import ROOT, ModuleImports, graph, package_of, read_imports
 
 # Imported inside functions only: heavy on start-up (the model stack, or >= 10 ms each measured
 # with `python -X importtime` on the development machine) or an optional extra that may be absent.
-HEAVY = {"torch", "transformers", "huggingface_hub", "faiss", "spacy", "sentence_transformers", "gguf"}
+HEAVY = {
+    "torch",
+    "transformers",
+    "huggingface_hub",
+    "faiss",
+    "spacy",
+    "sentence_transformers",
+    "gguf",
+    "safetensors",  # safetensors.torch, which imports torch
+}
 SLOW = {
     "numpy",  # 45-85 ms: the CLI's start-up (ragidx query through the daemon) does without it
     "sqlite_utils",
@@ -45,7 +54,20 @@ OPTIONAL_EXTRAS = {
     "milvus_lite",
 }
 # cli imports the server and MCP modules only when asked: each needs its optional extra.
-LOCAL_OWN_IMPORTS = {"cli": {"app.server", "app.mcp_server", "app.mcp_stdio"}}
+# The CLI starts without numpy or torch (ragidx --help, a query through the daemon); the modules
+# that load them are imported by the one command that needs them.
+LOCAL_OWN_IMPORTS = {
+    "cli": {
+        "app.server",
+        "app.mcp_server",
+        "app.mcp_stdio",
+        "app.daemon",
+        "app.research.bench",
+        "app.research.calibrate",
+        "app.research.evaluation",
+        "app.research.plots",
+    }
+}
 
 
 @pytest.fixture(scope="module")

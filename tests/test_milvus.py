@@ -271,3 +271,34 @@ def test_a_milvus_server_answers_queries_while_a_build_writes(milvus_server, cor
     with Index.open(index, device="cpu") as opened:
         paths = {hit.path.split("/")[-2] for hit in opened.search("tides", k=50, mode="lexical")}
     assert paths >= {"notes", "more0", "more1", "more2"} and problems(index) == []
+
+
+def test_a_search_overtaken_by_a_commit_reads_the_new_generation(
+    milvus_server, corpus, tiny_models, tmp_path, monkeypatch
+):
+    """The race above, made certain: a build commits and deletes the rows of a changed document
+    between a reader's snapshot and its Milvus search; the reader notices and searches again."""
+    from ragidx.indexer.storage.milvus import MilvusVectors
+
+    index = tmp_path / "index"
+    args = ("build", corpus, "--model", tiny_models["qwen2"], "--index", index, "--no-tune")
+    ragidx(*args, "--store", "milvus", "--milvus-uri", milvus_server, "--index-type", "flat")
+    (corpus / "faq" / "password-reset.html").write_text("<p>The password reset link expires in a day.</p>")
+    searched = MilvusVectors.search
+    calls = []
+
+    def build_first(self, *search_args, **options):
+        if not calls:
+            ragidx(*args)  # commits, then deletes the changed document's old rows
+        calls.append(self.expression)
+        return searched(self, *search_args, **options)
+
+    monkeypatch.setattr(MilvusVectors, "search", build_first)
+    with Index.open(index, device="cpu") as opened:
+        hits = [(h.chunk_id, h.text) for h in opened.search("password reset link", k=200, mode="dense")]
+    assert len(calls) == 2 and calls[0] != calls[1]  # read again, with the new generation's filter
+    monkeypatch.setattr(MilvusVectors, "search", searched)
+    with Index.open(index, device="cpu") as opened:
+        again = opened.search("password reset link", k=200, mode="dense")
+        assert hits == [(h.chunk_id, h.text) for h in again] and len(hits) == opened.info()["chunks"]
+    assert "The password reset link expires in a day." in [text for _, text in hits]  # every chunk

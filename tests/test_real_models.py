@@ -240,7 +240,7 @@ def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
                             env={**env, "RAGIDX_KILL_AT": "gguf-convert"})  # fmt: skip
     assert killed.returncode == -signal.SIGKILL
     leftovers = [p for p in models.iterdir() if p.name.endswith(".partial")]
-    assert len(leftovers) == 1 and (leftovers[0] / "model.safetensors").is_file()
+    assert len(leftovers) == 1 and (leftovers[0] / "ragidx-gguf.json").is_file()  # written, not renamed
 
     twins = [subprocess.Popen(embed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(2)]  # fmt: skip
@@ -258,8 +258,8 @@ def test_the_fast_tokenizer_loader_gives_autotokenizers_ids_on_real_models(name)
     from test_runtime import assert_same_tokenizer
     from transformers import AutoTokenizer
 
-    from ragidx.indexer.model.runtime import load_tokenizer
     from ragidx.indexer.model.sources import resolve_model
+    from ragidx.indexer.model.tokenizer_cache import load_tokenizer
 
     folder = resolve_model(installed(name)).loadable()
     assert_same_tokenizer(load_tokenizer(folder), AutoTokenizer.from_pretrained(folder))

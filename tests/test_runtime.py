@@ -200,6 +200,7 @@ def test_bfloat16_loads_and_stays_close_to_float32(tiny_models, runtimes):
 
 TOKENIZER_TEXTS = [
     "Why are there two tides a day? The Moon pulls the near-side ocean.",
+    "Sentence number 1 of 9 and 2024's 3.5 tides",
     "  leading spaces, ÜNÏCÖDE, emoji 🌊, CJK 日本の首都は東京です, tabs\tand\nlines  ",
     "<PST> looks special but is not one; neither is [SEP] in text",
     "x" * 600,
@@ -219,9 +220,19 @@ def assert_same_tokenizer(fast, auto) -> None:
 
 
 def test_the_fast_tokenizer_loader_gives_autotokenizers_ids(tiny_models):
-    from transformers import AutoTokenizer
+    """Loaded first (through AutoTokenizer) and again (from the cached pipeline), the same ids as
+    AutoTokenizer, also for Qwen 2, whose class splits digits unlike its own tokenizer.json."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from ragidx.indexer.model.runtime import load_tokenizer
+    from ragidx.indexer.model.tokenizer_cache import load_tokenizer
 
     for folder in tiny_models.values():
-        assert_same_tokenizer(load_tokenizer(str(folder)), AutoTokenizer.from_pretrained(folder))
+        auto = AutoTokenizer.from_pretrained(folder)
+        assert_same_tokenizer(load_tokenizer(str(folder)), auto)
+        cached = load_tokenizer(str(folder))
+        assert type(cached) is PreTrainedTokenizerFast
+        assert_same_tokenizer(cached, auto)
+    from_file = PreTrainedTokenizerFast(tokenizer_file=str(tiny_models["qwen2"] / "tokenizer.json"))
+    digits = TOKENIZER_TEXTS[1]
+    qwen2 = AutoTokenizer.from_pretrained(tiny_models["qwen2"])
+    assert from_file(digits)["input_ids"] != qwen2(digits)["input_ids"]  # the file alone is not enough

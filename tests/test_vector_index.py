@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.storage import vector_index
+from ragidx.indexer.storage import index_settings, vector_index
 from ragidx.indexer.storage.index_settings import VectorIndexSettings, flat_limit
 from ragidx.indexer.storage.vector_index import new_vector_index, sized_settings, stored_ids
 
@@ -123,7 +123,7 @@ def test_a_filter_that_ann_misses_falls_back_to_exact(monkeypatch):
 
 
 def test_auto_picks_the_type_by_size_with_hysteresis(monkeypatch):
-    monkeypatch.setattr(vector_index, "FLAT_SCAN_BYTES", 1000 * 4 * DIMENSION)  # 1000 vectors
+    monkeypatch.setattr(index_settings, "FLAT_SCAN_BYTES", 1000 * 4 * DIMENSION)  # 1000 vectors
     auto = VectorIndexSettings()
     assert sized_settings(auto, 1000, DIMENSION, None).kind == "flat"
     hnsw = sized_settings(auto, 1001, DIMENSION, None)

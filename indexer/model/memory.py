@@ -13,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from safetensors import safe_open
+
 from ragidx.indexer.errors import RagidxError
 
 BYTES_PER_WEIGHT = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -27,8 +29,6 @@ def checking() -> bool:
 def folder_parameters(folder: Path) -> int | None:
     """How many weights a model folder's safetensors hold, from their headers (None: no
     safetensors, e.g. a PyTorch ``.bin`` checkpoint, which is not checked)."""
-    from safetensors import safe_open
-
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None

@@ -7,7 +7,6 @@ attention mask, last *real* token, stop after the last layer a strategy reads) l
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from ragidx.indexer.model.packed_linear import pack_linear_weights
 from ragidx.indexer.model.precision import cpu_auto_dtype
 from ragidx.indexer.model.quiet import quiet_transformers
 from ragidx.indexer.model.sources import ModelSource, resolve_model
+from ragidx.indexer.model.tokenizer_cache import load_tokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -417,40 +417,3 @@ def load_runtime(
     model_file = source.gguf.record() if source.gguf else None
     revision = getattr(config, "_commit_hash", None)
     return ModelRuntime(network_model, tokenizer, source.model_id, revision, local, model_file)
-
-
-SPECIAL_TOKENS = (
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-    "additional_special_tokens",
-)
-
-
-def load_tokenizer(location: str, trust_remote_code: bool = False) -> Any:
-    """The model's tokenizer. From a local folder with a ``tokenizer.json``, the generic fast
-    tokenizer over that file and the special tokens of ``tokenizer_config.json``: the same ids as
-    ``AutoTokenizer`` (tests/test_runtime.py compares them on every test and real model) at a
-    third of its time (Gemma 3's 33 MB file: 0.9 s against 2.5 s, which rebuilds it through its
-    model-specific class). Elsewhere (a hub id, model code), ``AutoTokenizer``."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    folder = Path(location)
-    if trust_remote_code or not (folder / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
-    config_file = folder / "tokenizer_config.json"
-    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-    given = {key: _token(config[key]) for key in SPECIAL_TOKENS if config.get(key)}
-    limits = {key: config[key] for key in ("model_max_length", "padding_side") if key in config}
-    return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), **limits, **given)
-
-
-def _token(value: Any) -> Any:
-    """A special token as the config stores it: text, an added-token mapping, or a list of them."""
-    if isinstance(value, list):
-        return [_token(item) for item in value]
-    return value["content"] if isinstance(value, dict) else value

@@ -51,6 +51,13 @@ class SearchEngine:
         if self.reader.reread_meta().get("generation") != generation:
             self._earlier, self._vectors = self._vectors or self._earlier, None
 
+    def _overtaken(self) -> bool:
+        """Whether a newer generation committed during the read, in a store that deletes the
+        previous generation's rows in place."""
+        return self.reader.store.deletes_in_place and self.reader.committed_generation() != self.meta.get(
+            "generation"
+        )
+
     def search(
         self, queries: Sequence[str], options: SearchOptions, vectors: np.ndarray | None = None
     ) -> list[list[Hit]]:
@@ -85,7 +92,10 @@ class SearchEngine:
                     self._earlier = None  # what the new generation shares with it is kept, the rest freed
                     if resolve_device(self.device) == "cuda":
                         self._vectors.use_gpu()
-                return read()
+                result = read()
+            if needs_vectors and self._overtaken():
+                continue  # a commit may have deleted rows of this generation while they were searched
+            return result
         raise RagidxError("the index changed during every attempt to read it; try again")
 
     def _search(

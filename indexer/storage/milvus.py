@@ -129,6 +129,8 @@ def structure(settings: VectorIndexSettings) -> tuple[Any, ...]:
 class MilvusStore:
     """An index's vectors in its Milvus collection (see :class:`~.vector_store.VectorStore`)."""
 
+    deletes_in_place: ClassVar[bool] = True
+
     def __init__(self, spec: MilvusLocation):
         self.spec = spec
         self._collection: MilvusCollection | None = None

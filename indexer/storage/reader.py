@@ -189,6 +189,11 @@ class IndexReader:
     def counts(self) -> dict[str, int]:
         return row_counts(self.db)
 
+    def committed_generation(self) -> Any:
+        """The generation committed now, whatever :attr:`meta` last read (outside a snapshot)."""
+        row = self.db.execute("select value from meta where key = 'generation'").fetchone()
+        return json.loads(row[0]) if row else None
+
     def reread_meta(self) -> dict[str, Any]:
         """The settings as committed now (another process may have built or tuned since)."""
         self.meta = read_meta(self.db)

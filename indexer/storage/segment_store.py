@@ -79,6 +79,8 @@ class LocalSegments:
 class SegmentStore:
     """An index's segment files (see :class:`~.vector_store.VectorStore`)."""
 
+    deletes_in_place: ClassVar[bool] = False
+
     def __init__(self, spec: LocalSegments, directory: Path):
         self.spec = spec
         self.directory = directory

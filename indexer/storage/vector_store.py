@@ -110,6 +110,11 @@ class VectorWrite(Protocol):
 class VectorStore(Protocol):
     """One index's vectors in one store."""
 
+    # True when a commit deletes rows that a reader of the previous generation may be searching at
+    # that moment (Milvus: one collection for every generation); such a reader, seeing a newer
+    # generation committed once it has read, reads again. Segment files are never changed in place.
+    deletes_in_place: ClassVar[bool]
+
     @property
     def spec(self) -> StoreSpec:
         """Where it is."""
