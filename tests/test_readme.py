@@ -1,4 +1,5 @@
-"""The README's Python API example, run as written against a tiny model, and what it tells users to run."""
+"""The Python examples of the README and the Python API page, run as written against a tiny model,
+and what the README tells users to run."""
 
 from __future__ import annotations
 
@@ -12,25 +13,36 @@ import pytest
 from test_cli import child_env
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+PYTHON_API = README.with_name("docs") / "python-api.md"
 
 
-def python_api_example() -> str:
-    section = README.read_text(encoding="utf-8").split("## Python API", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+def first_python_example(page: Path) -> str:
+    return re.search(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL).group(1)
 
 
-def test_the_python_api_example_runs_as_documented(tmp_path, tiny_models, sample_corpus):
-    shutil.copytree(sample_corpus, tmp_path / "sample_corpus")
+def run_example(page: Path, folder: Path, model: Path, corpus: Path) -> list[str]:
+    """The page's first Python example's output, run in ``folder`` beside a copy of ``corpus``."""
+    shutil.copytree(corpus, folder / "sample_corpus")
     result = subprocess.run(
-        [sys.executable, "-c", python_api_example()],
-        cwd=tmp_path,
-        env={**child_env(), "RAGIDX_MODEL": str(tiny_models["qwen2"])},
+        [sys.executable, "-c", first_python_example(page)],
+        cwd=folder,
+        env={**child_env(), "RAGIDX_MODEL": str(model)},
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    return result.stdout.splitlines()
+
+
+def test_the_readme_python_example_runs_as_written(tmp_path, tiny_models, sample_corpus):
+    lines = run_example(README, tmp_path, tiny_models["qwen2"], sample_corpus)
+    assert [line.split(" ", 1)[0] for line in lines] == ["1", "2", "3"]
+    assert all(Path(line.split(" ")[2]).is_file() for line in lines)  # paths of indexed files
+
+
+def test_the_python_api_example_runs_as_documented(tmp_path, tiny_models, sample_corpus):
+    lines = run_example(PYTHON_API, tmp_path, tiny_models["qwen2"], sample_corpus)
     assert lines[-1] == "(1, 64)"
     hits = [line.split(" ", 3) for line in lines[:-1]]
     assert [rank for rank, *_ in hits] == ["1", "2"]  # only two chunks have category "account"
@@ -42,7 +54,7 @@ def test_the_python_api_example_runs_as_documented(tmp_path, tiny_models, sample
 
 
 def test_the_install_commands_never_pull_cuda_wheels_on_a_cpu_machine():
-    install = README.read_text(encoding="utf-8").split("## Install", 1)[1].split("##", 1)[0]
+    install = README.read_text(encoding="utf-8").split("## Install", 1)[1].split("\n## ", 1)[0]
     torch_lines = [line for line in install.splitlines() if line.startswith("pip install torch")]
     assert torch_lines and all("download.pytorch.org/whl/cpu" in line for line in torch_lines)
 

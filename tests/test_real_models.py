@@ -45,7 +45,7 @@ PROBES = {
 MIN_FOUND_FIRST, MIN_MRR = 3, 0.5
 BFLOAT16_MIN_COSINE = 0.999  # bf16 vs float32 vectors of every strategy, but for these two:
 # kv-embedding's re-routing and cp's difference of two passes amplify rounding (one chunk at 0.9977
-# on each model), yet STS-B dev and SciFact held within noise of float32 (README "Precision").
+# on each model), yet STS-B dev and SciFact held within noise of float32 (docs/precision.md).
 AMPLIFIED_MIN_COSINE = {"kv-embedding": 0.995, "cp": 0.995}
 BFLOAT16_CHECKED_TOKENS = 1200  # the first chunks up to this many tokens are embedded in float32 too
 STS_PAIRS = 100  # the first STS-B dev pairs (the suite has a time budget)

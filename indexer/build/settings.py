@@ -1,6 +1,6 @@
 """An index's settings as one typed value, and the one place a build's options meet them.
 
-The ``meta`` table stores the settings as JSON under fixed keys (README, "The index on disk");
+The ``meta`` table stores the settings as JSON under fixed keys (docs/index-on-disk.md);
 :class:`IndexSettings` reads and writes exactly those keys, so the format on disk is unchanged.
 :func:`resolve` owns every rule of "given versus stored": what a build inherits, when it needs the
 model, which strategy, parameters and chunker it uses, and what it refuses without ``--rebuild``.

@@ -13,7 +13,7 @@ chosen from them (see :func:`choose_weight`), and at equal weights min-max score
 instead when it scores higher; the result is stored in the index's meta with the figures behind
 it.
 (Searching a sentence with its own chunk left out, for the document's other chunks, tracked
-real queries worse on SciFact: see the README.)
+real queries worse on SciFact: see docs/hybrid-search.md.)
 """
 
 from __future__ import annotations

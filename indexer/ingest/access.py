@@ -18,7 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MAX_FILE_BYTES = 64 * 2**20  # see README "What gets indexed": what a 2-core laptop embeds in hours
+# What a 2-core laptop embeds in hours (docs/command-line.md, "What is never read").
+DEFAULT_MAX_FILE_BYTES = 64 * 2**20
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 READ_BLOCK = 2**20
 SPECIAL_KINDS = (

@@ -122,7 +122,7 @@ class GgufFile:
 # GGUF names of the architectures ragidx supports (llama.cpp writes Mistral models as "llama").
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
 MANIFEST = "ragidx-gguf.json"  # written last: its presence marks a complete conversion
-CACHE_DTYPE = "bfloat16"  # the converted weights' type (see README "Models": measured against float32)
+CACHE_DTYPE = "bfloat16"  # the converted weights' type (see docs/models.md: measured against float32)
 CACHE_TAG = {"bfloat16": "bf16", "float16": "f16"}[CACHE_DTYPE]
 SHARD_BYTES = 256 * 2**20  # memory holds one shard while it is written, and while it is packed at load
 ROWS_AT_ONCE = 8192  # rows of a big tensor dequantised to float32 at once (Llama-3's embedding: 128 MiB)

@@ -4,7 +4,7 @@ oneDNN's bf16 matrix product repacks a plain weight into its blocked (VNNI) layo
 call. At the few rows of a query that repacking dominates: SmolLM2's 210 products per forward
 ran at about 6 GB/s of weights against ~30 GB/s of memory bandwidth. Reordering each weight once,
 as torch.compile's freezing pass does, gives bit-identical outputs, halves a decoder query's
-latency and speeds builds by about a sixth (README, "Precision"). The plain weight is dropped once
+latency and speeds builds by about a sixth (docs/precision.md). The plain weight is dropped once
 packed (nothing reads it; the forward is replaced), so the packed model takes the memory of the
 plain one, not twice it.
 """

@@ -2,7 +2,7 @@
 
 bfloat16 halves the bytes a matrix product moves, but only CPUs with bf16 dot-product
 instructions (AVX512-BF16, AMX) turn that into speed: elsewhere oneDNN converts to float32 and
-back, and bf16 runs at 0.4-0.7x float32 (README, "Precision"). So a CPU without those
+back, and bf16 runs at 0.4-0.7x float32 (docs/precision.md). So a CPU without those
 instructions keeps float32, and one with them times a model-shaped matrix product in both dtypes
 (about a second, cached per machine) and keeps bf16 only where it is clearly faster.
 """

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedModel
 
-DEFAULT_MODEL = "gemma3-270m"  # measured best offline decoder for retrieval: README, "Quick start"
+DEFAULT_MODEL = "gemma3-270m"  # measured best offline decoder for retrieval: docs/choosing.md
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 ENCODER_TYPES = ("bert", "roberta", "xlm-roberta")
@@ -330,7 +330,7 @@ def resolve_dtype(dtype: str, device: str, config: Any = None) -> str:
     """``auto`` is bfloat16 on CUDA, float16 on MPS, and on a CPU what is measured faster there for
     a model of ``config``'s shape (:mod:`ragidx.indexer.model.precision`). Every strategy runs in it:
     where bf16 moves vectors most (``kv-embedding``, ``cp``), STS-B and SciFact figures held within
-    noise of float32 (README, "Precision")."""
+    noise of float32 (docs/precision.md)."""
     if dtype not in DTYPES:
         raise RagidxError(f"unknown dtype '{dtype}': choose one of {', '.join(DTYPES)}")
     if dtype != "auto":

@@ -38,7 +38,7 @@ REGISTRY: dict[str, type[Strategy]] = {
 # One CLI flag per option name over every strategy, derived from their Options declarations.
 OPTION_SPECS: list[OptionSpec] = option_specs((name, cls.Options) for name, cls in REGISTRY.items())
 # The best SciFact train nDCG@10 (dense, 500 abstracts, 200 claims) on each packaged decoder, also
-# at or near the top on STS-B dev (README, "Choosing a strategy"). Other decoders get AlignedWVA:
+# at or near the top on STS-B dev (docs/choosing.md). Other decoders get AlignedWVA:
 # the best mean over both models on both tasks; KV-Embedding, best on Gemma 3, is last on SmolLM2.
 MEASURED_DEFAULTS = (
     ("Gemma 3 270M", GEMMA3_270M, "kv-embedding"),

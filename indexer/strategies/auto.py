@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 
 # A document that fills one HTP chunk. On SciFact abstracts (median 277-294 tokens) every packaged
-# decoder's default beat htp (README, "Choosing a strategy"), so the boundary is well above them.
+# decoder's default beat htp (docs/choosing.md), so the boundary is well above them.
 LONG_DOCUMENT_TOKENS = 1024
 
 

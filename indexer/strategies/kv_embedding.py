@@ -52,7 +52,7 @@ def default_layer_set(runtime: ModelRuntime) -> tuple[list[int], str]:
     if calibration:
         return calibration.layers, calibration.describe()
     # Calibration is not run on its own: on neither packaged model did it beat this depth band on
-    # both STS and retrieval (README, "KV-Embedding and `ragidx calibrate`").
+    # both STS and retrieval (docs/strategies.md, "KV-Embedding and `ragidx calibrate`").
     low, high = FALLBACK_DEPTH
     layers = relative_layers(runtime.arch.num_layers, low, high)
     return layers, f"fallback depth {low:.2f}-{high:.2f} (no calibration cached)"

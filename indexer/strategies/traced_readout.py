@@ -5,7 +5,7 @@ A warm query on a small decoder is mostly per-operator overhead: SmolLM2's forwa
 hooks and the dispatcher. Tracing a strategy's readout of a single unpadded row records those
 operators once, hooks and early exit included, as a TorchScript graph of the model's own
 modules; replaying it gives the same vectors bit for bit (tests/test_traced_readout.py) in less
-time (README, "Precision").
+time (docs/precision.md).
 
 Tracing takes about a second, so it happens at a strategy's second one-row readout: a one-shot
 ``ragidx query`` never pays for it, a server or a library user embedding query after query does

@@ -176,7 +176,7 @@ class AlignedWeightedValues(ValueAggregation):
     Where the architecture normalises the attention output before the residual add (Gemma 2 and
     3), ``attention_norm="after"`` (the default) reads it after that norm: what the residual
     stream receives, the "aligned" space of the paper. On Gemma 3 270M this scored SciFact nDCG@10
-    0.50 vs 0.39 before the norm and STS-B 79.7 vs 74.6 (README, "Choosing a strategy").
+    0.50 vs 0.39 before the norm and STS-B 79.7 vs 74.6 (docs/choosing.md).
     """
 
     name = "aligned-wva"

@@ -10,7 +10,7 @@ normalisation), exactly as ``--layers a-b`` would. For ``htp``/``tp`` each layer
 reading is scored by dense nDCG@10 on a SciFact train subsample (chunks as ``ragidx build`` cuts
 them, a document scored by its best chunk, queries in the query template) and by Spearman x 100
 on STS-B train pairs (both sides as documents, as ``ragidx eval sts``). STS-B *train* and SciFact
-*train* are used so that the dev figures reported in the README stay untouched by the choice.
+*train* are used so that the dev figures reported in docs/choosing.md stay untouched by the choice.
 Prints one row per layer, then the best contiguous bands and the relative-depth defaults.
 Extra OPTION=VALUE pairs go to the strategy (e.g. ``rewire=1-1``: no rewiring, i.e. plain mean
 pooling of that layer over the text's own tokens).
