@@ -256,10 +256,14 @@ def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
 @pytest.mark.parametrize("name", [*REAL_DECODERS, "minilm"])
 def test_the_fast_tokenizer_loader_gives_autotokenizers_ids_on_real_models(name):
     from test_runtime import assert_same_tokenizer
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     from ragidx.indexer.model.sources import resolve_model
     from ragidx.indexer.model.tokenizer_cache import load_tokenizer
 
     folder = resolve_model(installed(name)).loadable()
-    assert_same_tokenizer(load_tokenizer(folder), AutoTokenizer.from_pretrained(folder))
+    auto = AutoTokenizer.from_pretrained(folder)
+    assert_same_tokenizer(load_tokenizer(folder), auto)  # the first load, which saves the pipeline
+    cached = load_tokenizer(folder)
+    assert type(cached) is PreTrainedTokenizerFast  # the saved pipeline reproduced AutoTokenizer's ids
+    assert_same_tokenizer(cached, auto)
