@@ -220,7 +220,8 @@ def test_bench_reports_layers_and_counted_flops(tiny_models):
     assert mean["flops"] == 2 * mean["tokens"] * linear  # one text: no padding; CPU SDPA is not counted
     assert mean16["flops"] == mean["flops"] and mean16["tokens"] == mean["tokens"]
     peaks = out["matmul_peaks"]
-    assert set(peaks) == {"float32", "bfloat16"} and min(peaks.values()) > 1e9
+    # bf16 products are emulated on CPUs without AVX-512 (here under 1 GFLOP/s): only float32's is bounded.
+    assert set(peaks) == {"float32", "bfloat16"} and peaks["float32"] > 1e9 and peaks["bfloat16"] > 0
     for row in out["rows"]:
         assert row["vectors_per_second"] == pytest.approx(1 / row["seconds"])
         assert row["matmul_peak_flops_per_second"] == peaks[row["dtype"]]

@@ -22,13 +22,22 @@ if TYPE_CHECKING:
 
 
 def _packing_ops() -> tuple[Any, Any] | None:
-    """torch's oneDNN reorder and packed-linear operators, or None where this torch lacks them."""
+    """torch's oneDNN reorder and packed-linear operators, or None where this torch lacks them or
+    this CPU cannot run oneDNN's bf16 products (no AVX-512 BW/VL/DQ nor AVX-NE-CONVERT: the
+    reorder refuses bf16 there, and plain products are emulated anyway)."""
     import torch
 
     try:
+        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            return None
         return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
     except (AttributeError, RuntimeError):
         return None
+
+
+def can_pack_linear_weights() -> bool:
+    """Whether :func:`pack_linear_weights` packs bf16 weights on this CPU."""
+    return _packing_ops() is not None
 
 
 def _count_flops_of_packed_products(linear: Any) -> None:
@@ -83,7 +92,7 @@ def pack_linear_weights(model: nn.Module) -> int:
 
     ops = _packing_ops()
     first = next(model.parameters(), None)
-    if ops is None or not torch.backends.mkldnn.is_available() or first is None:
+    if ops is None or first is None:
         return 0
     if first.dtype != torch.bfloat16 or first.device.type != "cpu":
         return 0
