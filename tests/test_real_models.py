@@ -8,10 +8,7 @@ Marked ``real``; each model is skipped only where its package is not installed (
 from __future__ import annotations
 
 import json
-import os
-import resource
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -220,44 +217,6 @@ def test_a_changed_gguf_file_is_refused_by_query_and_build(tmp_path):
         assert_one_line_error(result, r"model '.*model\.gguf' changed since the index was built .*--rebuild")
         assert "converting" not in result.stderr
     assert json.loads(ragidx("info", "--index", index, "--json").stdout)["documents"] == 5
-
-
-def _limit_file_size() -> None:
-    """In the child: writes past 50 MB fail with EFBIG (as on a full disk) instead of killing it."""
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (50 << 20, 50 << 20))
-
-
-def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
-    """No half-written conversion is ever loaded: a full disk and a SIGKILL leave nothing usable
-    behind, and two processes converting at once do it once and embed identically."""
-    installed("smollm2")
-    env = {**child_env(), "RAGIDX_CACHE_DIR": str(tmp_path / "cache")}
-    models = tmp_path / "cache" / "models"
-    embed = [RAGIDX, "embed", "--model", "smollm2", "--strategy", "mean", "--json", "a lighthouse"]
-
-    full = subprocess.run(embed, capture_output=True, text=True, env=env, timeout=600,
-                          preexec_fn=_limit_file_size)  # fmt: skip
-    assert full.stderr.startswith("converting SmolLM2-135M-Instruct.Q4_1.gguf once into ")
-    full.stderr = full.stderr.split("\n", 1)[1]  # the rest is one line
-    assert_one_line_error(full, r"cannot write the converted model into the cache .*File too large")
-    assert [p.name for p in models.iterdir() if p.is_dir()] == []
-
-    killed = subprocess.run(embed, capture_output=True, text=True, timeout=600,
-                            env={**env, "RAGIDX_KILL_AT": "gguf-convert"})  # fmt: skip
-    assert killed.returncode == -signal.SIGKILL
-    leftovers = [p for p in models.iterdir() if p.name.endswith(".partial")]
-    assert len(leftovers) == 1 and (leftovers[0] / "ragidx-gguf.json").is_file()  # written, not renamed
-
-    twins = [subprocess.Popen(embed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(2)]  # fmt: skip
-    outputs = [twin.communicate(timeout=600) for twin in twins]
-    assert [twin.returncode for twin in twins] == [0, 0], [err for _, err in outputs]
-    assert sum("once into" in err for _, err in outputs) == 1  # the other waited, then reused it
-    np.testing.assert_array_equal(*(np.array(json.loads(out)) for out, _ in outputs))
-    entries = sorted(p.name for p in models.iterdir() if p.is_dir())
-    assert len(entries) == 1 and entries[0] == f"{entries[0][:64]}-bf16", entries
-    assert os.listdir(models / entries[0]).count("ragidx-gguf.json") == 1
 
 
 @pytest.mark.parametrize("name", [*REAL_DECODERS, "minilm"])

@@ -119,10 +119,17 @@ def test_pseudo_queries_cut_a_sentence_out_of_their_chunk(index):
 
 
 def test_the_tuning_grid_equals_an_independent_computation(index, tmp_path):
-    """Each query's chunk replaced by its remainder, in a copy of the database and re-embedded."""
     report = tune(index.engine, lambda: index.strategy, 40)
-    assert (report.queries, report.reason) == (40, "")
-    queries = pseudo_queries(index.reader, 40)
+    assert (report.queries, report.reason, report.level) == (40, "", "documents")
+    chunks = chunks_of(index)
+    assert_grid_is_independent(
+        report, index, pseudo_queries(index.reader, 40), lambda c: chunks[c][0], tmp_path
+    )
+
+
+def assert_grid_is_independent(report, index, queries, answer_of, tmp_path) -> None:
+    """Each query's chunk replaced by its remainder, in a copy of the database and re-embedded;
+    each fused list ranked by answers (``answer_of``: chunk id -> document id, or -> itself)."""
     copy = tmp_path / "copy.db"
     with sqlite3.connect(index.reader.directory / "ragidx.db") as source, sqlite3.connect(copy) as target:
         source.backup(target)  # the committed state, write-ahead log included
@@ -141,16 +148,12 @@ def test_the_tuning_grid_equals_an_independent_computation(index, tmp_path):
             lexical = independent_lexical(index, query.text, db)
             db.rollback()
         lists.append((sorted(dense.items(), key=lambda p: -p[1])[:101], lexical))
-    chunks = chunks_of(index)
     per_query = {}
     for weight in DENSE_WEIGHTS:
         scores = []
         for query, (dense, lexical) in zip(queries, lists, strict=True):
-            documents = list(
-                dict.fromkeys(chunks[c][0] for c, _ in independent_fusion(dense, lexical, weight, 1 - weight))
-            )
-            rank = documents.index(query.document_id) + 1
-            scores.append(1 / math.log2(rank + 1) if rank <= 10 else 0.0)
+            fused = independent_fusion(dense, lexical, weight, 1 - weight)
+            scores.append(gain_at_10(fused, answer_of, query))
         assert report.grid[f"{weight:g}"] == pytest.approx(np.mean(scores), abs=1e-6), weight
         per_query[weight] = np.array(scores)
     best = max(DENSE_WEIGHTS, key=lambda w: (round(float(per_query[w].mean()), 9), -abs(w - 0.5)))
@@ -163,9 +166,7 @@ def test_the_tuning_grid_equals_an_independent_computation(index, tmp_path):
     chosen = 0.5 if not clearly(best, 0.5) else best if clearly(best, single) else single
     minmax = []
     for query, (dense, lexical) in zip(queries, lists, strict=True):
-        fused = independent_fusion(dense, lexical, 0.5, 0.5, "minmax")
-        rank = list(dict.fromkeys(chunks[c][0] for c, _ in fused)).index(query.document_id) + 1
-        minmax.append(1 / math.log2(rank + 1) if rank <= 10 else 0.0)
+        minmax.append(gain_at_10(independent_fusion(dense, lexical, 0.5, 0.5, "minmax"), answer_of, query))
     method = "minmax" if chosen == 0.5 and np.mean(minmax) >= np.mean(per_query[0.5]) else "rrf"
     assert report.fusion == Fusion(chosen, round(1 - chosen, 2), method)
     tuned = np.mean(minmax) if method == "minmax" else report.grid[f"{chosen:g}"]
@@ -173,6 +174,14 @@ def test_the_tuning_grid_equals_an_independent_computation(index, tmp_path):
         "dense": report.grid["1"], "lexical": report.grid["0"], "equal": report.grid["0.5"],
         "minmax": np.mean(minmax), "tuned": tuned,
     })  # fmt: skip
+
+
+def gain_at_10(fused, answer_of, query) -> float:
+    """1/log2(rank + 1) of the query's answer among the fused list's answers, 0 past 10 or absent."""
+    answers = list(dict.fromkeys(answer_of(c) for c, _ in fused))
+    answer = answer_of(query.chunk_id)
+    rank = answers.index(answer) + 1 if answer in answers else math.inf
+    return 1 / math.log2(rank + 1) if rank <= 10 else 0.0
 
 
 def test_a_build_stores_the_tuned_weights_and_search_uses_them(index):
@@ -199,9 +208,47 @@ def test_an_open_index_follows_weights_stored_after_it_opened(tiny_models, tmp_p
         assert lexical and hybrid[: len(lexical)] == lexical  # then dense-only hits fill k
 
 
+def test_a_few_long_documents_are_tuned_on_their_chunks(tiny_models, tmp_path, corpus):
+    """Three long documents in 50+ chunks: each pseudo-query's answer is its own chunk, and no
+    sentence that overlapping chunks share is cut (the neighbour would hold it verbatim)."""
+    docs = tmp_path / "long"
+    docs.mkdir()
+    texts = sorted(path.read_text() for path in corpus.glob("*.txt"))
+    for number in range(3):
+        (docs / f"meeting{number}.txt").write_text(" ".join(text.strip() for text in texts[number::3]) + "\n")
+    folder = tmp_path / "index"
+    report = build(
+        [docs], options(tiny_models["llama"], folder, chunk_tokens=128, overlap_sentences=1)
+    ).tuning
+    assert report is not None and (report.level, report.reason) == ("chunks", "")
+    assert "answered by chunks" in report.describe()
+    with Index.open(folder, device="cpu") as opened:
+        assert opened.meta["fusion"]["answers"] == "chunks"
+        counts = opened.reader.counts()
+        assert counts["documents"] == 3 and counts["chunks"] >= 50
+        queries = pseudo_queries(opened.reader, 40, level="chunks")
+        assert len(queries) == 40 and len({q.chunk_id for q in queries}) >= 20
+        with sqlite3.connect(folder / "ragidx.db") as db:
+            spans = {i: (doc, start, end) for i, doc, start, end in db.execute(
+                "select id, document_id, char_start, char_end from chunks")}  # fmt: skip
+        for query in queries:
+            document, start, _ = spans[query.chunk_id]
+            chunk_text = chunks_of(opened)[query.chunk_id][1]
+            at = start + chunk_text.index(query.text)
+            holders = [i for i, (d, s, e) in spans.items() if d == document and s <= at < e]
+            assert holders == [query.chunk_id], query.text  # in no other chunk
+        assert pseudo_queries(opened.reader, 40) != queries  # by documents, shared sentences may be cut
+        chunk_report = tune(opened.engine, lambda: opened.strategy, 40)
+        assert chunk_report.level == "chunks"
+        assert_grid_is_independent(chunk_report, opened, queries, lambda c: c, tmp_path)
+
+
 def test_small_or_terse_corpora_keep_equal_weights(tiny_models, tmp_path, sample_corpus):
-    report = build([sample_corpus], options(tiny_models["llama"], tmp_path / "small"))
-    assert report.tuning is not None and "13 documents are too few to tune on" in report.tuning.reason
+    report = build([sample_corpus], options(tiny_models["llama"], tmp_path / "small", chunk_tokens=1024))
+    assert report.tuning is not None
+    assert re.search(
+        r"^13 documents in \d\d chunks are too few to tune on \(50 needed\)$", report.tuning.reason
+    )
     assert report.fusion["weights"] == {"dense": 0.5, "lexical": 0.5}
     docs = tmp_path / "docs"
     docs.mkdir()

@@ -137,12 +137,19 @@ def load_beir(directory: Path, split: str) -> BeirDataset:
 
 def subsample(dataset: BeirDataset, max_docs: int | None, max_queries: int | None) -> BeirDataset:
     """Keep judged queries only (at most ``max_queries``), every document they judge, and fill up
-    to ``max_docs`` with other documents. Draws use a fixed seed, so runs are comparable."""
+    to ``max_docs`` with other documents. Draws use a fixed seed, so runs are comparable.
+
+    Where those queries judge more than ``max_docs`` documents (QMSum: a few questions per long
+    meeting), queries are kept in a seeded random order while their documents fit, so the corpus
+    is ``max_docs`` documents with every kept question they answer.
+    """
     rng = np.random.default_rng(0)
     judged = sorted(q for q, docs in dataset.qrels.items() if any(g > 0 for g in docs.values()))
     if max_queries and len(judged) > max_queries:
         judged = [judged[i] for i in sorted(rng.choice(len(judged), max_queries, replace=False))]
     needed = {doc for q in judged for doc in dataset.qrels[q]}
+    if max_docs is not None and len(needed) > max_docs:
+        judged, needed = _queries_within(dataset, judged, max_docs)
     others = sorted(set(dataset.corpus) - needed)
     room = len(others) if max_docs is None else max(0, max_docs - len(needed))
     if room < len(others):
@@ -154,6 +161,21 @@ def subsample(dataset: BeirDataset, max_docs: int | None, max_queries: int | Non
         queries={q: dataset.queries[q] for q in judged},
         qrels={q: dataset.qrels[q] for q in judged},
     )
+
+
+def _queries_within(
+    dataset: BeirDataset, queries: Sequence[str], max_docs: int
+) -> tuple[list[str], set[str]]:
+    """The queries, taken in a seeded random order, whose judged documents fit in ``max_docs``
+    together (the first one always), and those documents."""
+    kept: set[str] = set()
+    chosen: list[str] = []
+    for position in np.random.default_rng(1).permutation(len(queries)):
+        documents = set(dataset.qrels[queries[position]])
+        if not chosen or len(kept | documents) <= max_docs:
+            kept |= documents
+            chosen.append(queries[position])
+    return sorted(chosen), kept
 
 
 def document_text(title: str, text: str) -> str:

@@ -8,7 +8,13 @@ the chunk stands in for the chunk in both lists (re-embedded for the dense list;
 full-text index inside a transaction that is rolled back, for the lexical list). The answer is
 the chunk's document, and no searched text contains the sentence.
 
-Every dense weight on a grid is scored by nDCG@10 over documents with weighted RRF, the weight is
+A corpus of few long documents (a handful of meeting transcripts, hundreds of chunks) has too few
+answers to rank at the document level (ten of eleven documents are in any top 10), so there the
+answer is the chunk itself: the answers are whichever of documents and chunks first reach
+``MIN_ANSWERS``, and at the chunk level a sentence that overlapping chunks share is never cut (its
+neighbour would hold it verbatim).
+
+Every dense weight on a grid is scored by nDCG@10 over the answers with weighted RRF, the weight is
 chosen from them (see :func:`choose_weight`), and at equal weights min-max score fusion is kept
 instead when it scores higher; the result is stored in the index's meta with the figures behind
 it.
@@ -24,7 +30,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -39,9 +45,9 @@ if TYPE_CHECKING:
     from ragidx.indexer.strategies import Strategy
 
 DEFAULT_QUERIES = 100  # each costs one query and one document embedding
-# Below these, pseudo-queries measure too little (a handful of documents to choose from, or too
+# Below these, pseudo-queries measure too little (a handful of answers to choose from, or too
 # few queries) and equal weights are kept.
-MIN_DOCUMENTS = 50  # in the index
+MIN_ANSWERS = 50  # documents in the index, else chunks
 MIN_QUERIES = 20
 MIN_WORDS, MAX_WORDS = 5, 30  # a sentence a person might type as a query
 DEPTH = 100  # candidates per list, as hybrid search fuses
@@ -52,12 +58,13 @@ SCAN_FACTOR = 10  # chunks read per query wanted, at most (most chunks have a us
 MIN_GAIN_Z = 2.0  # how clearly a weight must beat a simpler one (see choose_weight)
 RETUNE_CHANGE = 0.1  # an incremental build retunes once the chunk count moved this much
 WORD = re.compile(r"\w+")
+Level = Literal["documents", "chunks"]  # what a pseudo-query's answer is
 
 
 @dataclass(frozen=True)
 class PseudoQuery:
     """A sentence cut from chunk ``chunk_id``, whose ``remainder`` (with its sentence spans) is
-    searched in the chunk's place; the answer is document ``document_id``."""
+    searched in the chunk's place; the answer is document ``document_id`` or the chunk itself."""
 
     text: str
     chunk_id: int
@@ -77,12 +84,14 @@ class TuningReport:
     ndcg: dict[str, float] = field(default_factory=dict)
     grid: dict[str, float] = field(default_factory=dict)
     reason: str = ""
+    level: Level = "documents"
 
     def to_meta(self) -> dict[str, Any]:
         return {
             "method": self.fusion.method,
             "weights": self.fusion.normalised().weights(),
             "pseudo_queries": self.queries,
+            "answers": self.level,
             "ndcg@10": {name: round(value, 4) for name, value in self.ndcg.items()},
             "grid": {name: round(value, 4) for name, value in self.grid.items()},
             "seconds": round(self.seconds, 2),
@@ -101,6 +110,7 @@ class TuningReport:
             dict(stored.get("ndcg@10", {})),
             dict(stored.get("grid", {})),
             str(stored.get("reason", "")),
+            stored.get("answers", "documents"),
         )
 
     def describe(self) -> str:
@@ -110,21 +120,29 @@ class TuningReport:
         if self.reason:
             return f"{head}, not tuned: {self.reason}"
         figures = ", ".join(f"{name} {value:.3f}" for name, value in self.ndcg.items())
-        return f"{head}, tuned on {self.queries} pseudo-queries in {self.seconds:.1f} s (nDCG@10 {figures})"
+        answers = "" if self.level == "documents" else f" answered by {self.level}"
+        return (
+            f"{head}, tuned on {self.queries} pseudo-queries{answers} in {self.seconds:.1f} s"
+            f" (nDCG@10 {figures})"
+        )
 
 
-def pseudo_queries(reader: IndexReader, limit: int = DEFAULT_QUERIES, seed: int = SEED) -> list[PseudoQuery]:
+def pseudo_queries(
+    reader: IndexReader, limit: int = DEFAULT_QUERIES, seed: int = SEED, level: Level = "documents"
+) -> list[PseudoQuery]:
     """Up to ``limit`` cloze queries from chunks in a seeded random order: one per chunk while
     there are more usable chunks than ``limit``, else taken in turns from each (at most
     ``SCAN_FACTOR * limit`` chunks are read). The fixed seed makes tuning the same index twice give
-    the same weights."""
+    the same weights. Answered by chunks, a sentence another chunk also holds is not cut."""
     chunk_ids = reader.chunk_ids()
     rng = np.random.default_rng(seed)
     pools: list[list[PseudoQuery]] = []
     for position in rng.permutation(len(chunk_ids))[: SCAN_FACTOR * limit]:
         if len(pools) >= limit:
             break
-        pool = _cloze_options(*reader.chunk_source(chunk_ids[position]))
+        chunk_id = chunk_ids[position]
+        shared = reader.shared_spans(chunk_id) if level == "chunks" else []
+        pool = _cloze_options(*reader.chunk_source(chunk_id), shared)
         if pool:
             pools.append([pool[i] for i in rng.permutation(len(pool))])
     chosen: list[PseudoQuery] = []
@@ -133,10 +151,15 @@ def pseudo_queries(reader: IndexReader, limit: int = DEFAULT_QUERIES, seed: int 
     return chosen[:limit]
 
 
-def _cloze_options(chunk_id: int, document_id: int, text: str, spans: list[Span]) -> list[PseudoQuery]:
-    """Every sentence of the chunk that can be cut out, leaving at least as many words behind."""
+def _cloze_options(
+    chunk_id: int, document_id: int, text: str, spans: list[Span], shared: Sequence[Span] = ()
+) -> list[PseudoQuery]:
+    """Every sentence of the chunk that can be cut out, leaving at least as many words behind,
+    but those overlapping a ``shared`` span."""
     found = []
     for first, last in spans:
+        if any(start < last and first < end for start, end in shared):
+            continue
         sentence = text[first:last].strip()
         remainder = text[:first] + text[last:]
         words = len(WORD.findall(sentence))
@@ -149,56 +172,69 @@ def _cloze_options(chunk_id: int, document_id: int, text: str, spans: list[Span]
     return found
 
 
-def document_ndcg(
-    fused: Sequence[tuple[int, float]], documents: Mapping[int, int], query: PseudoQuery
-) -> float:
-    """nDCG@10 of the query's document among the documents of ``fused``; a document ranks where its
-    best chunk does."""
+def answer_ndcg(fused: Sequence[tuple[int, float]], answers: Mapping[int, int], answer: int) -> float:
+    """nDCG@10 of ``answer`` among the answers of ``fused``'s chunks (``answers``: chunk -> its
+    document, or -> itself); a document ranks where its best chunk does."""
     seen: set[int] = set()
     for chunk_id, _ in fused:
-        if chunk_id not in documents:
+        if chunk_id not in answers:
             continue
-        document = documents[chunk_id]
-        if document in seen:
+        found = answers[chunk_id]
+        if found in seen:
             continue
-        seen.add(document)
-        if document == query.document_id:
+        seen.add(found)
+        if found == answer:
             return 1.0 / math.log2(len(seen) + 1)
         if len(seen) >= CUTOFF:
             break
     return 0.0
 
 
+def answer_level(counts: Mapping[str, int]) -> Level | None:
+    """Documents where there are enough of them, else chunks where there are, else None."""
+    if counts["documents"] >= MIN_ANSWERS:
+        return "documents"
+    return "chunks" if counts["chunks"] >= MIN_ANSWERS else None
+
+
 def tune(
     engine: SearchEngine, strategy: Callable[[], Strategy], limit: int = DEFAULT_QUERIES
 ) -> TuningReport:
     """Score every weight of the grid on the index's pseudo-queries and keep the best (see
-    :func:`choose_weight`). An index of fewer than ``MIN_DOCUMENTS`` documents, or one that
-    yields fewer than ``MIN_QUERIES`` pseudo-queries, keeps equal weights. ``strategy`` gives the
-    index's strategy, called only when there is enough to tune on (it may load the model)."""
+    :func:`choose_weight`). An index of fewer than ``MIN_ANSWERS`` documents and chunks, or one
+    that yields fewer than ``MIN_QUERIES`` pseudo-queries, keeps equal weights. ``strategy`` gives
+    the index's strategy, called only when there is enough to tune on (it may load the model)."""
     started = time.perf_counter()
     counts = engine.reader.counts()
+    level = answer_level(counts)
 
     def untuned(reason: str, queries: int = 0) -> TuningReport:
         elapsed = time.perf_counter() - started
-        return TuningReport(Fusion(), queries, elapsed, counts["chunks"], reason=reason)
+        return TuningReport(
+            Fusion(), queries, elapsed, counts["chunks"], reason=reason, level=level or "documents"
+        )
 
-    if counts["documents"] < MIN_DOCUMENTS:
-        return untuned(f"{counts['documents']} documents are too few to tune on ({MIN_DOCUMENTS} needed)")
-    queries = pseudo_queries(engine.reader, limit)
-    answers = len({query.document_id for query in queries})
+    if level is None:
+        return untuned(
+            f"{counts['documents']} documents in {counts['chunks']} chunks are too few to tune on"
+            f" ({MIN_ANSWERS} needed)"
+        )
+    queries = pseudo_queries(engine.reader, limit, level=level)
+    answer_of = (lambda q: q.document_id) if level == "documents" else (lambda q: q.chunk_id)
+    answers = len({answer_of(query) for query in queries})
     if len(queries) < MIN_QUERIES or 2 * answers < MIN_QUERIES:
         return untuned(
-            f"too little text for pseudo-queries ({len(queries)} from {answers} documents)", len(queries)
+            f"too little text for pseudo-queries ({len(queries)} from {answers} {level})", len(queries)
         )
     rankings = _rankings(engine, strategy(), queries)
     ids = sorted({chunk for lists in rankings for ranking in lists.values() for chunk, _ in ranking})
     documents = engine.reader.document_ids(ids)
+    answer_ids = documents if level == "documents" else {chunk: chunk for chunk in documents}
 
     def per_query(fusion: Fusion) -> np.ndarray:
         return np.array(
             [
-                document_ndcg(fusion.fuse(lists), documents, q)
+                answer_ndcg(fusion.fuse(lists), answer_ids, answer_of(q))
                 for lists, q in zip(rankings, queries, strict=True)
             ]
         )
@@ -221,6 +257,7 @@ def tune(
             "tuned": balanced if method == "minmax" else grid[best],
         },
         grid={f"{weight:g}": value for weight, value in grid.items()},
+        level=level,
     )
 
 
@@ -257,7 +294,8 @@ def _rankings(engine: SearchEngine, strategy: Strategy, queries: Sequence[Pseudo
     remainders = strategy.encode(
         [q.remainder for q in queries], "document", sentences=[q.remainder_sentences for q in queries]
     )
-    rankings = engine.rankings(texts, DEPTH + 1, vectors)
+    # One more than kept: the query's own chunk, if found, leaves as its remainder comes in.
+    rankings = engine.rankings(texts, DEPTH + 2, vectors)
     for query, lists, vector, remainder in zip(queries, rankings, vectors, remainders, strict=True):
         dense = [(chunk, score) for chunk, score in lists["dense"] if chunk != query.chunk_id]
         dense.append((query.chunk_id, float(vector @ remainder)))

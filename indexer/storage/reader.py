@@ -212,6 +212,19 @@ class IndexReader:
         ).fetchone()
         return found, document_id, text, relative_sentences(sentences, start)
 
+    def shared_spans(self, chunk_id: int) -> list[Span]:
+        """The parts of a chunk's text that other chunks of its document hold too (the sentences
+        chunks overlap by), relative to its text."""
+        rows = self.db.execute(
+            """
+            select max(o.char_start, c.char_start) - c.char_start, min(o.char_end, c.char_end) - c.char_start
+            from chunks c join chunks o on o.document_id = c.document_id and o.id != c.id
+            where c.id = ? and o.char_start < c.char_end and o.char_end > c.char_start
+            """,
+            [int(chunk_id)],
+        )
+        return [(int(start), int(end)) for start, end in rows]
+
     @contextlib.contextmanager
     def chunk_text_replaced(self, chunk_id: int, text: str) -> Iterator[None]:
         """Inside the block the chunk's full-text entry holds ``text``; the transaction is rolled
