@@ -229,7 +229,7 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--strategy",
             default=None,
             help="Embedding strategy (see `ragidx strategies`); "
-            "auto: htp for long documents, else aligned-wva.",
+            "auto: the model's default, measured best at every document length.",
         ),
         _index_option,
         _device_options,

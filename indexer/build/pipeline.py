@@ -161,7 +161,7 @@ def build(
             if loaded is not None:
                 loaded.clear()
                 loaded[arguments] = runtime
-        name, reason = resolution.strategy_name(runtime, scanned.documents, access)
+        name, reason = resolution.strategy_name(runtime)
         strategy = resolution.strategy(name, runtime)
         chunker = resolution.chunker(runtime, strategy)
         settings = IndexSettings(

@@ -9,7 +9,7 @@ model, which strategy, parameters and chunker it uses, and what it refuses witho
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,6 @@ from typing import Any
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES, FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
-from ragidx.indexer.ingest.sources import SourceDocument, read_document
 from ragidx.indexer.model.runtime import ModelRuntime, default_model, load_runtime
 from ragidx.indexer.model.sources import canonical_model_id, check_same_file, resolve_model
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
@@ -25,16 +24,15 @@ from ragidx.indexer.storage.location import default_index_dir, no_index
 from ragidx.indexer.storage.stores import resolve_store, store_from_meta
 from ragidx.indexer.storage.vector_store import StoreSpec
 from ragidx.indexer.strategies import (
-    LONG_DOCUMENT_STRATEGY,
     OPTION_SPECS,
     BatchSettings,
     Strategy,
+    auto_strategy,
     create_strategy,
     default_strategy,
     strategy_class,
     strategy_from_index,
 )
-from ragidx.indexer.strategies.auto import choose_strategy
 from ragidx.indexer.wording import excerpt
 
 # Options only some strategies take (each strategy refuses the ones it does not).
@@ -282,16 +280,13 @@ class Resolution:
             given.strategy_options or given.document_template or given.query_template or given.max_length
         )
 
-    def strategy_name(
-        self, runtime: ModelRuntime, documents: Sequence[SourceDocument], access: FileAccess
-    ) -> tuple[str, str]:
+    def strategy_name(self, runtime: ModelRuntime) -> tuple[str, str]:
         """The strategy's name and the reason it was chosen (stored in the index and printed)."""
         given, inherited = self.given, self.inherited
         if given.strategy == "auto":
             if not given.rebuild and inherited and inherited.chosen_automatically:
                 return inherited.strategy, inherited.strategy_reason
-            counts = [len(runtime.tokenizer(text)["input_ids"]) for text in _texts(documents, access)]
-            return choose_strategy(counts, default_strategy(runtime.model.config)[0], LONG_DOCUMENT_STRATEGY)
+            return auto_strategy(runtime.model.config)
         if given.strategy:
             return given.strategy, "given with --strategy"
         if inherited:
@@ -394,11 +389,3 @@ def resolve(given: BuildOptions, previous: IndexSettings | None) -> Resolution:
         strategy_class(named).Options.given(given.strategy_options, named)
     resolution.refuse_early()
     return resolution
-
-
-def _texts(documents: Sequence[SourceDocument], access: FileAccess) -> Iterator[str]:
-    """The documents' texts, read again one at a time (the scan keeps none); unreadable ones are left out."""
-    for document in documents:
-        fresh = read_document(Path(document.path), access=access)
-        if isinstance(fresh, SourceDocument):
-            yield fresh.text
