@@ -229,7 +229,7 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--strategy",
             default=None,
             help="Embedding strategy (see `ragidx strategies`); "
-            "auto: the model's default, measured best at every document length.",
+            "auto: the model's default at every document length (htp lost to it on long ones).",
         ),
         _index_option,
         _device_options,

@@ -80,9 +80,9 @@ def default_strategy(config: Any) -> tuple[str, str]:
 
 def auto_strategy(config: Any) -> tuple[str, str]:
     """``--strategy auto``: the model's default at every document length. HTP is the papers' choice
-    for long documents, but on both packaged decoders the default beat it on SciFact abstracts and on
-    QMSum meetings (2.5k-25k words), dense and hybrid, at HTP's 1,024-token chunks and at 256
-    (docs/choosing.md), so no length was found where switching to it pays."""
+    for long documents, but on both packaged decoders the default beat it in dense search on SciFact
+    abstracts and on QMSum meetings (10k-13k words), at HTP's 1,024-token chunks, at 256 and with
+    whole meetings as input (docs/choosing.md), so no length was found where switching to it pays."""
     name, reason = default_strategy(config)
     return name, f"auto: {reason}, also for long documents (htp lost to it on meetings)"
 
