@@ -734,8 +734,7 @@ def daemon_run(socket_path: Path | None, idle: float | None) -> None:
     """Run the daemon in this process (the CLI starts it in the background by itself)."""
     from ragidx.app.daemon import Daemon
 
-    seconds = idle or float(os.environ.get(daemon_client.IDLE_VARIABLE) or daemon_client.DEFAULT_IDLE_SECONDS)
-    Daemon(socket_path or daemon_client.socket_path(), seconds).run()
+    Daemon(socket_path or daemon_client.socket_path(), idle or daemon_client.idle_seconds()).run()
 
 
 @daemon.command(name="status")
@@ -744,13 +743,15 @@ def daemon_status(as_json: bool) -> None:
     """Say whether this user's daemon runs, and what it holds."""
     try:
         found = daemon_client.ask({"op": "status"}, start=False)
-    except daemon_client.DaemonUnavailable:
-        found = {}
+    except daemon_client.NoDaemonRunning as error:
+        found, why = {}, str(error)
+    except daemon_client.DaemonUnavailable as error:  # the socket folder refused, say
+        found, why = {}, f"no daemon can be used: {error}"
     if as_json:
-        _print_json({"running": bool(found), **found})
+        _print_json({"running": bool(found), **found, **({} if found else {"reason": why})})
         return
     if not found:
-        click.echo("no daemon is running")
+        click.echo(why)
         return
     served = counted(found["requests"], "request")
     click.echo(f"daemon {found['pid']} on {found['socket']}: up {found['uptime_seconds']:.0f} s, {served}")
@@ -764,8 +765,8 @@ def daemon_stop() -> None:
     """Stop this user's daemon (the next query starts a new one)."""
     try:
         stopped = daemon_client.ask({"op": "stop"}, start=False)
-    except daemon_client.DaemonUnavailable:
-        click.echo("no daemon is running")
+    except daemon_client.DaemonUnavailable as error:
+        click.echo(str(error))
         return
     click.echo(f"stopped daemon {stopped['pid']}")
 
@@ -1093,8 +1094,14 @@ def check(index_dir: Path | None, repair: bool, device: str, as_json: bool) -> N
     "--token",
     envvar="RAGIDX_TOKEN",
     default=None,
-    help="Bearer token every request but the search page must carry (needed beyond loopback; "
-    "env RAGIDX_TOKEN).",
+    help="Bearer token every request but the search page must carry (needed beyond loopback). "
+    "Prefer env RAGIDX_TOKEN or --token-file: a command line is visible to every user in `ps`.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Read the bearer token from this file's first line (instead of --token).",
 )
 @click.option(
     "--allow-host",
@@ -1112,6 +1119,7 @@ def serve(
     trust_remote_code: bool,
     max_body_bytes: int,
     token: str | None,
+    token_file: Path | None,
     allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve the index over HTTP: /search, /embed, /health, /info, and a search page at /.
@@ -1124,6 +1132,8 @@ def serve(
     except ImportError as error:
         raise _missing_extra("serve", "server", error) from None
 
+    if token_file is not None:
+        token = _read_token(token_file, token)
     if not is_loopback(host) and not token:
         raise RagidxError(
             f"listening on {host} serves the index beyond this machine: give it a --token "
@@ -1137,6 +1147,23 @@ def serve(
     guarded = f"; requests need the bearer token (the search page: {address}#token=TOKEN)" if token else ""
     click.echo(f"serving {index.reader.directory} on {address}{guarded}", err=True)
     run(create_app(index, max_body_bytes, token=token, allowed_hosts=hosts), sock)
+
+
+def _read_token(path: Path, given: str | None) -> str:
+    """The token on a file's first line (a file others may read is refused: it would be as public
+    as the command line it replaces)."""
+    if given:
+        raise RagidxError("give the token by --token (or RAGIDX_TOKEN) or by --token-file, not both")
+    try:
+        if path.stat().st_mode & 0o077:
+            raise RagidxError(f"--token-file {path} may be read by other users: chmod 600 it")
+        token = path.read_text(encoding="utf-8").split("\n", 1)[0].strip()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise RagidxError(f"cannot read --token-file {path}: {reason}") from None
+    if not token:
+        raise RagidxError(f"--token-file {path} is empty")
+    return token
 
 
 def _missing_extra(command: str, extra: str, error: ImportError) -> RagidxError:

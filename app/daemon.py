@@ -2,36 +2,54 @@
 
 ``ragidx query`` (and ``ragidx embed --index``) send their request to it over a Unix socket
 (:mod:`ragidx.app.daemon_client`) and print its answer, so only the first call pays for imports,
-the tokenizer and the model. It answers one request at a time (a strategy re-routes the model's
-attention for a forward pass), follows new generations as ``serve`` does (each search reads the
-newest committed one), keeps at most :data:`MAX_INDEXES` indexes open (the least recently used is
-closed), and exits after ``idle`` seconds without a request. It binds its socket before importing
-the model stack, so a client can connect at once and wait for its answer. Nothing that changes an
-index goes through it.
+the tokenizer and the model. Each connection is served by a thread of its own, but the model
+answers one request at a time (a strategy re-routes the model's attention for a forward pass).
+Every request first follows the index at its path (a new generation, or the folder deleted,
+rebuilt or swapped: see :meth:`Index.refresh`). It keeps at most :data:`MAX_INDEXES` indexes open
+(the least recently used is closed), and exits after ``idle`` seconds without a request. It binds
+its socket before importing the model stack, so a client can connect at once and wait for its
+answer. Nothing that changes an index goes through it.
+
+No client can stop it or hold it up: a request must arrive within :data:`REQUEST_SECONDS` of
+connecting (a stalled connection delays nobody else: it waits in its own thread), a client that
+goes away before its answer costs only that answer, and a client waiting for the model hears a
+space every :data:`PULSE_SECONDS` (leading whitespace the JSON answer may start with), so it can
+tell a busy daemon from a hung one.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import select
 import socket
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ragidx.app.retriever import Index
 from ragidx.indexer.errors import RagidxError
 
 MAX_INDEXES = 2  # each holds its model in memory
 MAX_REQUEST_BYTES = 16 * 2**20
+MAX_CLIENTS = 64  # connections served at once; the next waits in the listen queue
+REQUEST_SECONDS = 5.0  # for a client to send its whole request once connected
+ANSWER_SECONDS = 30.0  # for a client to take its answer
+PULSE_SECONDS = 1.0  # a waiting client hears from the daemon this often
+WAKE_SECONDS = 0.1  # the main loop looks at the idle time, a stop and warm-up work this often
+STOP_SECONDS = 30.0  # a stopping daemon waits this long for the request in flight
 # After an index's first query, while no request waits, this many one-text embeddings settle its
 # traced readout: the trace records at the second one-row readout and TorchScript's executor
 # profiles and optimises over the next two replays (each slower than a settled one), so these
 # happen between the user's queries rather than in them.
 WARM_UP_CALLS = 3
 WARM_UP_TEXT = "what does this index hold about the subject"
+
+IndexKey = tuple[str, str, str | None]  # folder, device, dtype
 
 
 class Daemon:
@@ -42,45 +60,84 @@ class Daemon:
         self.idle = idle
         self.started = time.time()
         self.served = 0
-        self.open: collections.OrderedDict[tuple[str, str, str | None], Any] = collections.OrderedDict()
+        self.open: collections.OrderedDict[IndexKey, Any] = collections.OrderedDict()
         self.listener = _listen(path)
         self.inode = path.stat().st_ino  # a later daemon's socket at the same path is not ours
         self.stopping = False
-        self.cold: dict[tuple[str, str, str | None], int] = {}  # index -> warm-up calls left
-        self.warm: set[tuple[str, str, str | None]] = set()
+        self.model = threading.Lock()  # one request at a time uses the open indexes and models
+        self.clients = threading.BoundedSemaphore(MAX_CLIENTS)
+        self.counting = threading.Lock()  # for the two counts, kept by every connection's thread
+        self.active = 0  # connections being served
+        self.last_seen = time.monotonic()  # of the last request's end
+        self.cold: dict[IndexKey, int] = {}  # index -> warm-up calls left
+        self.warm: set[IndexKey] = set()
 
     def run(self) -> None:
-        self.listener.settimeout(1.0)
-        last = time.monotonic()
+        self.listener.settimeout(WAKE_SECONDS)
         try:
-            while not self.stopping and time.monotonic() - last < self.idle:
+            while not self.stopping and not self._idle_expired():
                 try:
                     connection, _ = self.listener.accept()
                 except TimeoutError:
-                    continue
-                with connection:
-                    connection.settimeout(None)
-                    self._answer(connection)
-                if not self.stopping:
                     self._warm_up_while_idle()
-                last = time.monotonic()
+                    continue
+                while not self.clients.acquire(timeout=PULSE_SECONDS):
+                    if self.stopping:
+                        connection.close()
+                        return
+                self._count(active=1)
+                threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
         finally:
             self.close()
 
-    def _answer(self, connection: socket.socket) -> None:
-        reader = connection.makefile("rb")
-        line = reader.readline(MAX_REQUEST_BYTES)
+    def _idle_expired(self) -> bool:
+        return self.active == 0 and time.monotonic() - self.last_seen >= self.idle
+
+    def _serve(self, connection: socket.socket) -> None:
+        """One client's request and answer, in this connection's own thread; whatever the client
+        does (stall, vanish, send garbage) ends here, logged in one line."""
         try:
-            answer = self.handle(json.loads(line))
+            with connection:
+                request = _read_request(connection, time.monotonic() + REQUEST_SECONDS)
+                with _pulsing(connection):
+                    answer = self.answer(request)
+                connection.settimeout(ANSWER_SECONDS)
+                connection.sendall(json.dumps(answer, ensure_ascii=False).encode("utf-8"))
+        except TimeoutError:
+            _log("a client sent no whole request (or took no answer) in time; its connection was closed")
+        except OSError as error:  # BrokenPipeError, ConnectionResetError: the client went away
+            _log(f"a client went away before its answer ({type(error).__name__})")
+        except ValueError as error:
+            _log(f"a request was refused: {error}")
+        finally:
+            self.last_seen = time.monotonic()
+            self._count(active=-1)
+            self.clients.release()
+
+    def _count(self, active: int = 0, served: int = 0) -> None:
+        with self.counting:
+            self.active += active
+            self.served += served
+
+    def answer(self, request: Any) -> dict[str, Any]:
+        """The answer to one parsed request; errors are answers too (the client prints them)."""
+        try:
+            if not isinstance(request, dict):
+                raise RagidxError("a daemon request is a JSON object")
+            if request.get("op") in ("status", "stop"):
+                return self.handle(request)
+            with self.model:
+                return self.handle(request)
         except RagidxError as error:
-            answer = {"error": str(error)}
+            return {"error": str(error)}
         except Exception as error:  # the client prints it; the daemon goes on serving
-            answer = {"error": f"{type(error).__name__}: {error}"}
-        self.served += 1
-        connection.sendall(json.dumps(answer, ensure_ascii=False).encode("utf-8"))
+            return {"error": f"{type(error).__name__}: {error}"}
+        finally:
+            self._count(served=1)
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One request: ``search``, ``embed``, ``status`` or ``stop``."""
+        """One request: ``search``, ``embed``, ``status`` or ``stop`` (the first two holding the
+        model's lock)."""
         operation = request.get("op")
         if operation == "status":
             return self.status()
@@ -88,6 +145,8 @@ class Daemon:
             self.stopping = True
             self._withdraw()  # before answering: a client told "stopped" finds no socket
             return {"stopped": True, "pid": os.getpid()}
+        if operation not in ("search", "embed"):
+            raise RagidxError(f"unknown daemon request {operation!r}")
         key = (os.path.realpath(request["index"]), request.get("device", "auto"), request.get("dtype"))
         index = self.index(key)
         index.check_compatible(request.get("model"), request.get("strategy"))
@@ -97,39 +156,53 @@ class Daemon:
                     hit.to_dict() for hit in index.search(request["query"], **request.get("options", {}))
                 ]
             }
-        elif operation == "embed":
-            answer = {"vectors": index.embed(request["texts"], request.get("role", "query")).tolist()}
         else:
-            raise RagidxError(f"unknown daemon request {operation!r}")
+            answer = {"vectors": index.embed(request["texts"], request.get("role", "query")).tolist()}
         if key not in self.warm:
             self.cold.setdefault(key, WARM_UP_CALLS)
         return answer
 
-    def index(self, key: tuple[str, str, str | None]) -> Any:
-        """The open index (and its loaded model) for ``(folder, device, dtype)``; opened on first use."""
+    def index(self, key: IndexKey) -> Any:
+        """The open index (and its loaded model) for ``(folder, device, dtype)``, opened on first
+        use and following the folder's current index; one that is gone is closed (its model
+        freed) and reported as such."""
+        from ragidx.app.retriever import Index
+
         folder, device, dtype = key
         if key not in self.open:
             self.open[key] = Index.open(folder, device=device, dtype=dtype)
             while len(self.open) > MAX_INDEXES:
-                closed, index = self.open.popitem(last=False)
-                index.close()
-                self.cold.pop(closed, None)
-                self.warm.discard(closed)
+                self._forget(next(iter(self.open)))
         self.open.move_to_end(key)
+        try:
+            self.open[key].refresh()
+        except RagidxError:
+            self._forget(key)
+            raise
         return self.open[key]
+
+    def _forget(self, key: IndexKey) -> None:
+        self.open.pop(key).close()
+        self.cold.pop(key, None)
+        self.warm.discard(key)
 
     def _warm_up_while_idle(self) -> None:
         """Settle the traced readouts of indexes that answered their first request, one call at a
         time, as long as no request is waiting (one that arrives waits for one call at most)."""
-        while self.cold and not select.select([self.listener], [], [], 0)[0]:
-            key, left = next(iter(self.cold.items()))
-            index = self.open[key]
-            if left == 0 or index.strategy.one_row is None:
-                del self.cold[key]
-                self.warm.add(key)
-                continue
-            index.embed([WARM_UP_TEXT])
-            self.cold[key] = left - 1
+        while self.cold and self.active == 0 and not select.select([self.listener], [], [], 0)[0]:
+            if not self.model.acquire(blocking=False):
+                return
+            try:
+                key, left = next(iter(self.cold.items()))
+                index = self.open.get(key)
+                if index is None or left == 0 or index.strategy.one_row is None:
+                    del self.cold[key]
+                    self.warm.add(key)
+                    continue
+                index.embed([WARM_UP_TEXT])
+                self.cold[key] = left - 1
+            finally:
+                self.model.release()
 
     def status(self) -> dict[str, Any]:
         return {
@@ -139,7 +212,7 @@ class Daemon:
             "requests": self.served,
             "idle_timeout_seconds": self.idle,
             "indexes": [
-                {"index": index, "device": device, "dtype": dtype} for index, device, dtype in self.open
+                {"index": index, "device": device, "dtype": dtype} for index, device, dtype in list(self.open)
             ],
         }
 
@@ -152,10 +225,61 @@ class Daemon:
             pass
 
     def close(self) -> None:
+        """Stop listening; close the indexes once the request in flight is answered (or after
+        :data:`STOP_SECONDS`, when the process exits anyway)."""
         self.listener.close()
         self._withdraw()
-        for index in self.open.values():
-            index.close()
+        if self.model.acquire(timeout=STOP_SECONDS):
+            for index in self.open.values():
+                index.close()
+
+
+def _read_request(connection: socket.socket, deadline: float) -> Any:
+    """The JSON request: one line, all of it before ``deadline`` (a client trickling bytes is
+    cut off as surely as a silent one); :class:`ValueError` when too long or not JSON."""
+    received = bytearray()
+    while b"\n" not in received:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        connection.settimeout(left)
+        chunk = connection.recv(1 << 16)
+        if not chunk:
+            break
+        received += chunk
+        if len(received) > MAX_REQUEST_BYTES:
+            raise ValueError(f"a request is longer than {MAX_REQUEST_BYTES} bytes")
+    line = bytes(received).split(b"\n", 1)[0]
+    try:
+        return json.loads(line)
+    except ValueError:
+        raise ValueError("a request is not JSON") from None
+
+
+@contextlib.contextmanager
+def _pulsing(connection: socket.socket) -> Iterator[None]:
+    """While the block runs, send the client a space every :data:`PULSE_SECONDS`; a client that
+    went away ends the pulse (its answer then fails to send, and is dropped)."""
+    done = threading.Event()
+
+    def pulse() -> None:
+        with contextlib.suppress(OSError):
+            while not done.wait(PULSE_SECONDS):
+                connection.settimeout(ANSWER_SECONDS)
+                connection.sendall(b" ")
+
+    beat = threading.Thread(target=pulse, daemon=True)
+    beat.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beat.join()
+
+
+def _log(message: str) -> None:
+    """One line in the daemon's log (its stderr)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ragidx daemon {os.getpid()}: {message}", file=sys.stderr)
 
 
 def _listen(path: Path) -> socket.socket:

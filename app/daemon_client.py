@@ -28,18 +28,27 @@ from pathlib import Path
 from typing import Any
 
 import ragidx
+from ragidx.indexer.errors import RagidxError
 
 DISABLE_VARIABLE = "RAGIDX_NO_DAEMON"  # set (to anything but 0) to never use a daemon
 IDLE_VARIABLE = "RAGIDX_DAEMON_IDLE"  # seconds a daemon waits for work before it exits
 DEFAULT_IDLE_SECONDS = 600
 MAX_FOLDER_BYTES = 80  # leaves room for the socket's own name within AF_UNIX's 107 bytes
 START_SECONDS = 60.0  # for a new daemon to listen (it binds before importing the model stack)
+# A daemon silent this long (no answer, not even the pulse it sends while it works) is given up
+# on, and the command answers in its own process: a daemon that hangs costs a query this much.
+SILENCE_SECONDS = 15.0
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
 FINGERPRINTED_PREFIXES = ("RAGIDX_", "HF_", "TRANSFORMERS_", "OMP_", "MKL_", "CUDA_", "TORCH_", "PYTORCH_")
 UNFINGERPRINTED = {DISABLE_VARIABLE, IDLE_VARIABLE, "RAGIDX_INDEX", "RAGIDX_MODEL", "RAGIDX_DEBUG"}
 
 
 class DaemonUnavailable(Exception):
     """No daemon can be used here (the socket folder is not private, or one would not start)."""
+
+
+class NoDaemonRunning(DaemonUnavailable):
+    """None listens (and none was to be started)."""
 
 
 def wanted(no_daemon: bool) -> bool:
@@ -51,8 +60,9 @@ def runtime_folder() -> Path:
     """The user's private folder for daemon sockets, made (0700) if missing; refused when another
     user owns it or others may enter it. ``/tmp/ragidx-<uid>`` where ``$XDG_RUNTIME_DIR`` is unset
     or too deep for a socket's name (at most 107 bytes on Linux)."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    folder = Path(base) / "ragidx" if base else Path(f"/tmp/ragidx-{os.getuid()}")
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    # A relative one is ignored, as the XDG specification says (it would follow the working folder).
+    folder = Path(base) / "ragidx" if os.path.isabs(base) else Path(f"/tmp/ragidx-{os.getuid()}")
     if len(os.fsencode(folder)) > MAX_FOLDER_BYTES:
         folder = Path(f"/tmp/ragidx-{os.getuid()}")
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -99,18 +109,46 @@ def socket_path() -> Path:
     return runtime_folder() / f"d-{fingerprint()}.sock"
 
 
+def idle_seconds() -> float:
+    """How long a daemon waits for work before it exits: ``$RAGIDX_DAEMON_IDLE`` in seconds, or
+    with a unit (``90s``, ``10m``, ``1h``); a value that is not a positive duration is refused."""
+    given = os.environ.get(IDLE_VARIABLE, "").strip()
+    if not given:
+        return float(DEFAULT_IDLE_SECONDS)
+    number, unit = (given[:-1], given[-1]) if given[-1:].lower() in DURATION_UNITS else (given, "s")
+    try:
+        seconds = float(number) * DURATION_UNITS[unit.lower()]
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise RagidxError(
+            f"{IDLE_VARIABLE}={given!r} is not a duration: "
+            "give seconds (600) or a number with s, m or h (10m)"
+        )
+    return seconds
+
+
 def ask(request: dict[str, Any], start: bool = True) -> dict[str, Any]:
     """Send ``request`` to this user's daemon and return its answer, starting a daemon first when
     none answers (and ``start``); :class:`DaemonUnavailable` when none can be had."""
+    if start:
+        idle_seconds()  # a setting the daemon would die of is refused here, in one line
     path = socket_path()
     connection = _connect(path)
     if connection is None:
         if not start:
-            raise DaemonUnavailable("no daemon is running")
+            raise NoDaemonRunning("no daemon is running")
         connection = _start(path)
+    listening = None
+    with contextlib.suppress(OSError):
+        listening = path.stat().st_ino  # the socket file connected to (a newer one may replace it)
     with connection:
-        connection.sendall(json.dumps(request).encode() + b"\n")
-        answer = b"".join(iter(lambda: connection.recv(1 << 16), b""))
+        try:
+            connection.sendall(json.dumps(request).encode() + b"\n")
+            answer = b"".join(iter(lambda: connection.recv(1 << 16), b"")).strip()
+        except TimeoutError:
+            _abandon(path, listening)
+            raise DaemonUnavailable(f"the daemon was silent for {SILENCE_SECONDS:.0f} s") from None
     if not answer:
         raise DaemonUnavailable("the daemon closed the connection without an answer")
     return json.loads(answer)
@@ -120,9 +158,10 @@ def _connect(path: Path) -> socket.socket | None:
     """A connection to the daemon at ``path``, or None where none listens (a socket file left
     by a daemon that died is removed)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(SILENCE_SECONDS)  # for the connection, then for each read of the answer
     try:
         connection.connect(str(path))
-    except FileNotFoundError:
+    except (FileNotFoundError, TimeoutError):  # none there, or one that accepts nobody (hung)
         connection.close()
         return None
     except ConnectionRefusedError:
@@ -131,6 +170,15 @@ def _connect(path: Path) -> socket.socket | None:
             path.unlink()
         return None
     return connection
+
+
+def _abandon(path: Path, inode: int | None) -> None:
+    """Withdraw the socket (file ``inode``) of a daemon that went silent (hung, or stopped by a
+    signal), so the next command starts a new one rather than waiting on it too; a newer daemon's
+    socket at the same path is left alone."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_ino == inode:
+            path.unlink()
 
 
 def _start(path: Path) -> socket.socket:
@@ -151,14 +199,15 @@ def _start(path: Path) -> socket.socket:
             "--socket",
             str(path),
         ]
-        subprocess.Popen(
+        child = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
         )
         log.close()
         deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and child.poll() is None:
             connection = _connect(path)
             if connection is not None:
                 return connection
             time.sleep(0.02)
-    raise DaemonUnavailable(f"the daemon did not start (see {path.with_suffix('.log')})")
+    ended = "exited at start" if child.poll() is not None else "did not start"
+    raise DaemonUnavailable(f"the daemon {ended} (see {path.with_suffix('.log')})")

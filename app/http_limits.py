@@ -4,13 +4,16 @@ connections.
 uvicorn times out a kept-alive connection between requests, but not one that sends a request's
 head or body slowly: 500 connections trickling headers held every file descriptor, and normal
 requests then timed out. Here each request (head and body) must arrive within a deadline from
-the moment the connection opened or the previous response went out, and connections past a cap
-are closed at once (the slow ones are reaped within the deadline, so the cap frees itself).
+the moment the connection opened or the previous response went out. Past a cap of connections,
+a request is answered ``503`` with ``Retry-After`` (clients retry; a reset tells them nothing), and
+past :data:`HARD_CAP_FACTOR` times the cap a connection is closed at once, so a flood cannot take
+every file descriptor (the slow ones are reaped within the deadline, so the cap frees itself).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import h11
@@ -18,6 +21,23 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 REQUEST_SECONDS = 10.0  # to send one request, head and body (loopback clients take milliseconds)
 MAX_CONNECTIONS = 128
+HARD_CAP_FACTOR = 4
+RETRY_AFTER_SECONDS = 1
+
+
+async def busy(scope: Any, receive: Any, send: Any) -> None:
+    """The answer to a request over the connection cap: 503, try again shortly, then close."""
+    detail = json.dumps(
+        {"detail": f"the server has all the connections it takes: retry after {RETRY_AFTER_SECONDS} s"}
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(detail)).encode()),
+        (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": detail})
 
 
 def limited_protocol(
@@ -28,9 +48,11 @@ def limited_protocol(
     class LimitedProtocol(H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > max_connections:
+            if len(self.connections) > HARD_CAP_FACTOR * max_connections:
                 transport.close()
                 return
+            if len(self.connections) > max_connections:
+                self.app = busy  # its request, once read, is answered 503
             self._arm()
 
         def on_response_complete(self) -> None:

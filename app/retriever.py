@@ -102,7 +102,10 @@ class Index:
 
     def refresh(self) -> None:
         """Follow a build or a tuning that committed since this index was opened (a server stays up
-        across builds); a new generation drops the loaded vectors, another model the strategy."""
+        across builds), and the index at this path itself: one deleted raises "no index at ...",
+        one replaced (rebuilt elsewhere and moved here, or deleted and built again) is reopened. A
+        new generation drops the loaded vectors, another model the strategy. Searches do this by
+        themselves; call it before :meth:`embed` or :attr:`meta` in a process that stays up."""
         self.engine.refresh()
 
     @property

@@ -83,16 +83,16 @@ class BodyLimit:
 
 class TokenCheck:
     """ASGI middleware: every request but the search page needs ``Authorization: Bearer TOKEN``
-    (compared in constant time); others get 401."""
+    (the scheme in any case, as HTTP has it; the token compared in constant time); others get 401."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], token: str):
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.expected = token.encode()
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
                 detail = b'{"detail": "a bearer token is needed: Authorization: Bearer TOKEN"}'
                 headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
                 await send({"type": "http.response.start", "status": 401, "headers": headers})
@@ -161,6 +161,7 @@ def create_app(
     @app.post("/embed")
     def embed(body: EmbedBody) -> dict[str, Any]:
         with lock:
+            index.refresh()
             vectors = index.embed(body.texts, body.role)
         return {"role": body.role, "dimension": int(vectors.shape[1]), "vectors": vectors.tolist()}
 

@@ -286,3 +286,12 @@ def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
     entries = sorted(p.name for p in converted.iterdir() if p.is_dir())
     assert len(entries) == 1 and entries[0] == f"{entries[0][:64]}-bf16", entries
     assert os.listdir(converted / entries[0]).count("ragidx-gguf.json") == 1
+
+    shard = converted / entries[0] / "model.safetensors"
+    with open(shard, "r+b") as file:  # a copy cut short (a disk that lost its tail)
+        file.truncate(shard.stat().st_size // 2)
+    again = subprocess.run(embed, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr
+    damaged = f"the converted copy {converted / entries[0]} is damaged (model.safetensors "
+    assert again.stderr.startswith(damaged)
+    np.testing.assert_array_equal(np.array(json.loads(again.stdout)), np.array(json.loads(outputs[0][0])))

@@ -264,11 +264,32 @@ def test_the_http_server_checks_host_token_and_inputs(small_index):
             "/search", json={"query": "tides"}, headers={"Authorization": "Bearer s3cret"}
         )
         assert authorised.status_code == 200 and authorised.json()["hits"]
+        for scheme in ("bearer", "BEARER"):  # the scheme is case-insensitive (RFC 9110), the token not
+            assert guarded.get("/health", headers={"Authorization": f"{scheme} s3cret"}).status_code == 200
+        assert guarded.get("/health", headers={"Authorization": "Bearer S3CRET"}).status_code == 401
+        assert guarded.get("/health", headers={"Authorization": "Basic s3cret"}).status_code == 401
+
+
+def test_the_token_can_come_from_a_private_file(tmp_path):
+    from ragidx.cli import _read_token
+
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(0o644)
+    with pytest.raises(RagidxError, match=r"may be read by other users: chmod 600 it"):
+        _read_token(token, None)
+    token.chmod(0o600)
+    assert _read_token(token, None) == "s3cret"
+    with pytest.raises(RagidxError, match=r"--token \(or RAGIDX_TOKEN\) or by --token-file, not both"):
+        _read_token(token, "other")
+    refused = ragidx("serve", "--index", tmp_path, "--token-file", tmp_path / "missing", check=False)
+    assert_one_line_error(refused, r"cannot read --token-file .*missing: No such file or directory")
 
 
 def test_slow_requests_are_cut_off_and_connections_capped(small_index):
-    """Connections that trickle a request's head (or body) are closed at the deadline, those past
-    the cap at once, and a normal request is answered afterwards."""
+    """Connections that trickle a request's head (or body) are closed at the deadline; a request
+    past the cap is answered 503 with Retry-After (not reset), connections past four times the cap
+    are closed at once, and a normal request is answered once the slow ones are gone."""
     import threading
     import time
 
@@ -290,13 +311,22 @@ def test_slow_requests_are_cut_off_and_connections_capped(small_index):
         try:
             while not server.started:
                 time.sleep(0.05)
-            slow = []
-            for _ in range(12):
-                connection = socket.create_connection(("127.0.0.1", port))
-                connection.sendall(b"POST /search HTTP/1.1\r\nHost: localhost\r\n")  # and nothing more
-                slow.append(connection)
-            time.sleep(0.3)
-            assert len(_closed(slow)) == 4  # 12 connections, room for 8: the last 4 closed at once
+
+            def trickle(count: int) -> list[socket.socket]:
+                opened = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+                for connection in opened:
+                    connection.sendall(b"POST /search HTTP/1.1\r\nHost: localhost\r\n")  # and no more
+                time.sleep(0.3)
+                return opened
+
+            slow = trickle(30)
+            assert _closed(slow) == []  # past the cap of 8, but under 4 x 8: kept until the deadline
+            refused = httpx.post(f"http://localhost:{port}/search", json={"query": "tides"}, timeout=30)
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+            assert "retry after 1 s" in refused.json()["detail"]
+            flood = trickle(4)
+            assert len(_closed(flood)) == 2  # the 33rd and 34th connections: closed at once
+            slow += flood
             started = time.monotonic()
             while len(_closed(slow)) < len(slow) and time.monotonic() - started < 5:
                 time.sleep(0.05)

@@ -259,17 +259,18 @@ def test_check_finds_and_repairs_damage(workspace, tiny_models):
         "stale-files",
         "lexical-index",
         "chunk-counts",
-        "vectors-without-chunks",
-        "chunks-without-vectors",
-        "segment-records",  # the file was changed behind ragidx's back: its ids are not the recorded ones
+        "vectors",  # the file was changed behind ragidx's back: its checksum is not the recorded one
+        "chunks-without-vectors",  # so none of its vectors is trusted
     }
+    assert any("is not the one this index wrote" in p["detail"] for p in found["problems"])
     repaired = ragidx("check", "--repair", "--index", index, check=False)
     assert repaired.returncode == 0, repaired.stdout
     assert ragidx("check", "--index", index).stdout.strip() == "generation 2: ok"
-    # the damaged segment kept (the extra vector deleted in it), the victim re-embedded into a new one
-    assert sorted(p.name for p in index.glob("vectors-*")) == ["vectors-1.faiss", "vectors-2.faiss"]
+    # the untrusted segment dropped, every chunk re-embedded into a new one from its stored text
+    assert sorted(p.name for p in index.glob("vectors-*")) == ["vectors-2.faiss"]
     restored = {chunk_id: vector for chunk_id, vector in stored_vectors(index).values()}
-    np.testing.assert_allclose(restored[victim], original, atol=1e-5)  # re-embedded from its stored text
+    assert 999_999 not in restored
+    np.testing.assert_allclose(restored[victim], original, atol=1e-5)
     assert build(corpus, index, tiny_models["qwen2"])["unchanged"] == 13  # nothing was lost to re-add
 
 

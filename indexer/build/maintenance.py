@@ -13,7 +13,7 @@ from ragidx.indexer.build.settings import IndexSettings
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import under
 from ragidx.indexer.ingest.changes import absolute_roots
-from ragidx.indexer.storage.database import ROW_RULES, damage
+from ragidx.indexer.storage.database import ROW_RULES, damage, writable
 from ragidx.indexer.storage.location import index_exists, no_index
 from ragidx.indexer.storage.writer import IndexWriter
 from ragidx.indexer.wording import counted
@@ -70,12 +70,13 @@ def remove(
     return RemoveReport(sorted(targets), generation, counts["documents"], counts["chunks"])
 
 
-def _open_existing(index_dir: Path, tidy: bool = True) -> IndexWriter:
-    """Write access to an index that has a committed generation; never creates one."""
+def _open_existing(index_dir: Path, tidy: bool = True, read_only: bool = False) -> IndexWriter:
+    """Write access to an index that has a committed generation (or, ``read_only``, read access
+    through the writer's methods); never creates one."""
     missing = no_index(Path(index_dir))
     if not index_exists(index_dir):
         raise missing
-    writer = IndexWriter(index_dir, tidy)
+    writer = IndexWriter(index_dir, tidy, read_only)
     if not writer.meta.get("generation"):
         writer.close()
         raise missing
@@ -120,7 +121,10 @@ def check(index_dir: Path, repair: bool = False, device: str = "auto") -> CheckR
     (loaded on ``device``). Each repair that touches vectors commits a new generation, so readers
     never see a half-repaired index.
     """
-    with _open_existing(index_dir, tidy=False) as writer:
+    read_only = index_exists(index_dir) and not writable(Path(index_dir))
+    if read_only and repair:
+        raise RagidxError(f"{index_dir} is read-only for this user: `ragidx check` without --repair reports")
+    with _open_existing(index_dir, tidy=False, read_only=read_only) as writer:
         report = CheckReport(int(writer.meta["generation"]))
         damaged = damage(writer.db)
         if damaged:  # nothing else read from the file can be trusted, and nothing is written onto it

@@ -170,7 +170,24 @@ def cache_folder(gguf: GgufFile) -> Path:
 
 
 def is_converted(gguf: GgufFile) -> bool:
-    return (cache_folder(gguf) / MANIFEST).is_file()
+    """Whether a complete, undamaged conversion of ``gguf`` is in the cache."""
+    folder = cache_folder(gguf)
+    return (folder / MANIFEST).is_file() and conversion_damage(folder) is None
+
+
+def conversion_damage(folder: Path) -> str | None:
+    """What is wrong with a finished conversion: a file its manifest lists missing or of another
+    size than written (a truncated copy, a disk that lost data), or an unreadable manifest."""
+    try:
+        written = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return f"its manifest {MANIFEST} is unreadable"
+    for name, size in written.items():
+        path = folder / name
+        found = path.stat().st_size if path.is_file() else None
+        if found != size:
+            return f"{name} is missing" if found is None else f"{name} holds {found} of its {size} bytes"
+    return None
 
 
 def converted_folder(gguf: GgufFile) -> Path:
@@ -183,6 +200,12 @@ def converted_folder(gguf: GgufFile) -> Path:
         with _conversion_lock(gguf):
             if is_converted(gguf):  # another process finished it while we waited
                 return folder
+            if (folder / MANIFEST).is_file():
+                print(
+                    f"the converted copy {folder} is damaged ({conversion_damage(folder)}): converting again",
+                    file=sys.stderr,
+                )
+                shutil.rmtree(folder)
             _remove_leftovers(gguf.sha256)
             check_gguf(gguf)
             if gguf.header is not None:
@@ -347,6 +370,7 @@ def _convert(gguf: GgufFile, target: Path) -> None:
         "model_type": config.model_type,
         "dtype": CACHE_DTYPE,
         "seconds": round(time.perf_counter() - started, 1),
+        "files": {path.name: path.stat().st_size for path in sorted(target.iterdir()) if path.is_file()},
     }
     (target / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     _fsync_folder(target)

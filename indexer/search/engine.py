@@ -45,8 +45,19 @@ class SearchEngine:
         return self.reader.meta
 
     def refresh(self) -> None:
-        """Follow a build or a tuning committed since the last read; a new generation drops the
-        loaded vectors."""
+        """Follow the index at the reader's path (reopened when it was replaced; :func:`no_index`
+        once deleted) and a build or a tuning committed since the last read."""
+        self._follow_file()
+        self._reread_meta()
+
+    def _follow_file(self) -> None:
+        """Reopen the index when its file was replaced; nothing loaded from the old one is kept."""
+        if self.reader.follow():
+            self._earlier = self._vectors = None
+
+    def _reread_meta(self) -> None:
+        """A new generation drops the loaded vectors (keeping them as the next one's source of
+        unchanged segments)."""
         generation = self.meta.get("generation")
         if self.reader.reread_meta().get("generation") != generation:
             self._earlier, self._vectors = self._vectors or self._earlier, None
@@ -83,8 +94,9 @@ class SearchEngine:
 
     def _snapshot_read(self, needs_vectors: bool, read: Callable[[], Result]) -> Result:
         for _ in range(SNAPSHOT_ATTEMPTS):
+            self._follow_file()
             with self.reader.snapshot():
-                self.refresh()
+                self._reread_meta()
                 if needs_vectors and self._vectors is None:
                     self._vectors = self.reader.load_vectors(self._earlier)
                     if self._vectors is None:

@@ -5,6 +5,7 @@ vector store holds its vectors."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,13 +66,27 @@ class DocumentRecord:
     metadata: dict[str, Any]
 
 
-def connect(path: Path) -> Database:
-    """A connection any thread may use; callers that share one (the HTTP server) serialise access."""
+def connect(path: Path, read_only: bool = False) -> Database:
+    """A connection any thread may use; callers that share one (the HTTP server) serialise access.
+
+    ``read_only``: the file opened as immutable, for a folder this user may not write (a copy of an
+    index on read-only media, or one shared read-only): SQLite's WAL readers need to create a
+    shared-memory file beside the database, which such a folder cannot hold. Nobody who opens it
+    this way can commit there, so nothing changes under the reader."""
     from sqlite_utils import Database
 
-    db = Database(sqlite3.connect(str(path), check_same_thread=False))
+    if read_only:
+        uri = f"{path.absolute().as_uri()}?mode=ro&immutable=1"
+        db = Database(sqlite3.connect(uri, uri=True, check_same_thread=False))
+    else:
+        db = Database(sqlite3.connect(str(path), check_same_thread=False))
     db.execute("PRAGMA busy_timeout = 10000")
     return db
+
+
+def writable(directory: Path) -> bool:
+    """Whether this process may create files in ``directory`` (else indexes there open read-only)."""
+    return os.access(directory, os.W_OK)
 
 
 def create_schema(db: Database, lexical: bool = True) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sqlite3
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ from ragidx.indexer.storage.database import (
     read_meta,
     relative_sentences,
     row_counts,
+    writable,
 )
 from ragidx.indexer.storage.lexical import CJK_TABLE, match_expression, rewrite_chunk_text
 from ragidx.indexer.storage.location import DB_NAME, no_index
@@ -40,22 +43,46 @@ class IndexReader:
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
+        self._held: int | None = None
+        self._store: VectorStore | None = None
+        self._open()
+
+    def _open(self) -> None:
+        """Connect to the database file at the index's path, holding a descriptor of that very
+        file: :meth:`follow` compares it with what the path names later."""
         path = self.directory / DB_NAME
-        if not path.is_file():
+        self._held = hold_file(path)
+        if self._held is None:
             raise no_index(self.directory)
         try:
-            self.db = connect(path)
+            self.db = connect(path, read_only=not writable(self.directory))
             self.meta = read_meta(self.db)
         except sqlite3.DatabaseError as error:
+            self.close()
             raise database_error(path, error) from error
+        except BaseException:
+            self.close()
+            raise
         if not self.meta.get("generation"):
+            self.close()
             raise no_index(self.directory)
         if self.meta.get("schema_version") != SCHEMA_VERSION:
+            self.close()
             raise RagidxError(
                 f"index at {self.directory} has schema {self.meta.get('schema_version')}, this ragidx reads "
                 f"{SCHEMA_VERSION}: rebuild it"
             )
-        self._store: VectorStore | None = None
+
+    def follow(self) -> bool:
+        """Reopen the index when the database at its path is no longer the file this reader
+        opened (the folder deleted and built again, replaced, or swapped with ``mv``), so a reader
+        that stays up never answers from an index that is gone; :func:`no_index` when none is
+        there now. Whether it reopened: what was loaded from the old one is stale."""
+        if self._held is not None and same_file(self._held, self.directory / DB_NAME):
+            return False
+        self.close()
+        self._open()
+        return True
 
     @property
     def store(self) -> VectorStore:
@@ -241,6 +268,39 @@ class IndexReader:
         return database_error(self.directory / DB_NAME, error)
 
     def close(self) -> None:
-        self.db.close()
+        """Release the database, the vector store and the held file (again: nothing happens)."""
+        if self._held is None:
+            return
+        with contextlib.suppress(AttributeError):  # a database that failed to open
+            self.db.close()
         if self._store is not None:
             self._store.close()
+            self._store = None
+        self.__dict__.pop("_page_starts", None)  # the next file may have been written without it
+        os.close(self._held)
+        self._held = None
+
+
+def hold_file(path: Path) -> int | None:
+    """A read-only descriptor of the regular file at ``path`` (None where there is none). Held
+    open, the file's inode cannot be reused, so comparing it with the path later is exact."""
+    try:
+        held = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError as error:  # a link, or no permission: one line, as for the database itself
+        raise RagidxError(f"cannot open {path}: {error.strerror or error}") from None
+    if not stat.S_ISREG(os.fstat(held).st_mode):
+        os.close(held)
+        return None
+    return held
+
+
+def same_file(held: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``held``."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    before = os.fstat(held)
+    return (before.st_dev, before.st_ino) == (now.st_dev, now.st_ino)

@@ -20,6 +20,7 @@ from ragidx.indexer.storage.segments import (
     Segment,
     SegmentedVectors,
     SegmentUnreadable,
+    file_checksum,
     file_generation,
     index_settings,
     load_segments,
@@ -139,12 +140,22 @@ class SegmentStore:
         return {}
 
     def inspect(self, db: Database, meta: Mapping[str, Any]) -> Inspection:
-        """Each segment read on its own, so one damaged file leaves the others' vectors readable;
-        a file whose ids differ from the recorded ones (changed behind ragidx's back) gets its
-        record corrected by a repair, so that deletions find what it holds."""
+        """Each segment read on its own, so one damaged file leaves the others' vectors readable.
+        A file whose checksum is not the one recorded when it was written (another index's file
+        copied over it, or damaged bytes) is untrusted: a repair drops it and re-embeds its chunks.
+        Where the recorded ids alone are wrong (a damaged record, or an index written before
+        checksums), a repair corrects the record, so that deletions find what the file holds."""
         readable, unreadable, misrecorded = [], [], []
         settings = VectorIndexSettings.from_meta(meta)
         for segment in read_segments(db, meta, self.directory):
+            path = self.directory / segment.file
+            if segment.checksum and path.is_file() and file_checksum(path) != segment.checksum:
+                why = (
+                    f"vector file {path} is not the one this index wrote (its checksum differs): "
+                    "run `ragidx check --repair` to re-embed its chunks"
+                )
+                unreadable.append((segment.file, why))
+                continue
             try:
                 loaded = load_segments(self.directory, [segment], settings)
             except SegmentUnreadable as error:

@@ -11,6 +11,7 @@ thus follow its size (plus its share of merges), not the index's.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
@@ -58,6 +59,7 @@ class Segment:
     ivf_lists: int = 0
     trained_on: int = 0
     record_damaged: bool = False  # its row's ids could not be read: ``ids`` are the file's own
+    checksum: str = ""  # SHA-256 of the file as written ("" in indexes written before checksums)
 
     @property
     def live(self) -> int:
@@ -77,10 +79,12 @@ class Segment:
 
 def create_segment_tables(db: Database) -> None:
     db.table("segments").create(
-        {"file": str, "kind": str, "ivf_lists": int, "trained_on": int, "ids": bytes},
+        {"file": str, "kind": str, "ivf_lists": int, "trained_on": int, "ids": bytes, "checksum": str},
         pk="file",
         if_not_exists=True,
     )
+    if "checksum" not in db["segments"].columns_dict:  # added to tell another index's files apart
+        db.table("segments").add_column("checksum", str)
     db.table("deletions").create(
         {"segment": str, "chunk_id": int}, pk=("segment", "chunk_id"), if_not_exists=True
     )
@@ -111,11 +115,12 @@ def read_segments(db: Database, meta: Mapping[str, Any], directory: Path) -> lis
         for segment, chunk_id in db.execute("select segment, chunk_id from deletions"):
             deletions.setdefault(segment, []).append(chunk_id)
         found = []
-        rows = db.execute("select file, kind, ivf_lists, trained_on, ids from segments")
-        for file, kind, ivf_lists, trained_on, blob in rows:
+        checksum = "checksum" if "checksum" in db["segments"].columns_dict else "''"
+        rows = db.execute(f"select file, kind, ivf_lists, trained_on, ids, {checksum} from segments")
+        for file, kind, ivf_lists, trained_on, blob, written in rows:
             ids, damaged = _recorded_ids(blob, directory / file)
             deleted = np.array(sorted(deletions.get(file, [])), dtype=np.int64)
-            found.append(Segment(file, kind, ids, deleted, ivf_lists, trained_on, damaged))
+            found.append(Segment(file, kind, ids, deleted, ivf_lists, trained_on, damaged, written or ""))
         return sorted(found, key=lambda s: (-s.live, s.file))
     if not meta.get("generation"):
         return []
@@ -169,6 +174,7 @@ def write_segments(db: Database, before: Sequence[Segment], after: Sequence[Segm
                     "ivf_lists": segment.ivf_lists,
                     "trained_on": segment.trained_on,
                     "ids": np.ascontiguousarray(segment.ids, dtype=np.int64).tobytes(),
+                    "checksum": segment.checksum,
                 }
             )
         old = (
@@ -190,18 +196,31 @@ def index_settings(segments: Sequence[Segment], requested: VectorIndexSettings) 
     return segments[0].settings(requested) if segments else replace(requested, kind="flat")
 
 
-def write_faiss_file(path: Path, index: faiss.Index, written: str, renamed: str) -> None:
-    """``index`` under ``path``: written as ``.partial``, fsynced, renamed, the folder fsynced.
-    ``written`` and ``renamed`` name the crash-test checkpoints between the steps."""
+def write_faiss_file(path: Path, index: faiss.Index, written: str, renamed: str) -> str:
+    """``index`` under ``path``: written as ``.partial``, fsynced, renamed, the folder fsynced;
+    returns the file's checksum. ``written`` and ``renamed`` name the crash-test checkpoints
+    between the steps."""
     import faiss
 
     partial = path.with_name(path.name + ".partial")
     faiss.write_index(index, str(partial))
     checkpoint(written)
+    checksum = file_checksum(partial)
     _fsync(partial)
     os.replace(partial, path)
     _fsync(path.parent)
     checkpoint(renamed)
+    return checksum
+
+
+def file_checksum(path: Path) -> str:
+    """SHA-256 of a file's bytes: a segment's file is written once, so a different checksum means
+    a file that is not the one this index wrote (another index's, copied over it, or damaged)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _fsync(path: Path) -> None:
@@ -217,14 +236,19 @@ def new_segment(
 ) -> Segment:
     """Write ``vectors`` as a segment of the type ``requested`` resolves to at their count."""
     built = new_vector_index(requested, vectors, ids)
-    write_faiss_file(directory / file, built.index, "faiss-write", "faiss-renamed")
-    return segment_of(file, built, ids)
+    checksum = write_faiss_file(directory / file, built.index, "faiss-write", "faiss-renamed")
+    return segment_of(file, built, ids, checksum)
 
 
-def segment_of(file: str, built: VectorIndex, ids: np.ndarray) -> Segment:
+def segment_of(file: str, built: VectorIndex, ids: np.ndarray, checksum: str) -> Segment:
     settings = built.settings
     return Segment(
-        file, settings.kind, np.sort(ids), ivf_lists=settings.ivf_lists, trained_on=settings.trained_on
+        file,
+        settings.kind,
+        np.sort(ids),
+        ivf_lists=settings.ivf_lists,
+        trained_on=settings.trained_on,
+        checksum=checksum,
     )
 
 
@@ -329,8 +353,8 @@ class BackgroundMerge:
         previous = None if self.plan.reason else largest.settings(self._requested)
         built = new_vector_index(self._requested, np.concatenate(vectors), all_ids, previous)
         del vectors
-        write_faiss_file(self.directory / self.file, built.index, "merge-write", "merge-renamed")
-        return segment_of(self.file, built, all_ids)
+        checksum = write_faiss_file(self.directory / self.file, built.index, "merge-write", "merge-renamed")
+        return segment_of(self.file, built, all_ids, checksum)
 
     def result(self) -> Segment | None:
         """The merged segment (None when its sources held nothing live); raises what the merge raised."""

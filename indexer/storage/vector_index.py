@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.storage.index_settings import VectorIndexSettings, default_nlist
 
 if TYPE_CHECKING:
@@ -74,8 +75,13 @@ class VectorIndex:
         search that found fewer than ``limit`` of them, is answered exactly from the stored
         vectors, so a filter never costs results.
         """
+        if queries.shape[1] != self.index.d:
+            raise RagidxError(
+                f"the query has {queries.shape[1]} dimensions and the stored vectors {self.index.d}: the "
+                "index's vector files are not the ones its settings describe (`ragidx check` says more)"
+            )
         pool = self.live_count if allowed is None else min(self.live_count, len(allowed))
-        if pool == 0:
+        if pool <= 0:  # below 0 where recorded deletions are not this file's
             empty = np.zeros((len(queries), 0))
             return empty.astype(np.float32), empty.astype(np.int64)
         limit = min(limit, pool)

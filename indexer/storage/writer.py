@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -70,27 +70,51 @@ class Committed:
     segments: int = 0
 
 
+def refuse_foreign_folder(directory: Path) -> None:
+    """An index is written only into a new or empty folder, or one that holds an index: ``--index
+    /`` or ``--index ~`` (a slip of the keyboard) must not scatter index files among the user's."""
+    if not directory.is_dir() or (directory / DB_NAME).exists():
+        return
+    others = sorted(name for name in os.listdir(directory) if not name.startswith(".") and name != LOCK_NAME)
+    if others:
+        named = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise RagidxError(
+            f"--index {directory} holds other files ({named}) and no index: give a new or empty folder for it"
+        )
+
+
 class IndexWriter:
     """Exclusive write access to an index directory, held for the whole build."""
 
-    def __init__(self, directory: str | Path, tidy: bool = True):
+    def __init__(self, directory: str | Path, tidy: bool = True, read_only: bool = False):
         """``tidy=False`` (for ``check`` to report them) leaves crashed builds' leftovers and a
         missing lexical index as they are and opens a damaged file; otherwise leftovers are
         deleted, the lexical index restored, and a damaged file refused before anything is
-        written onto it."""
+        written onto it. ``read_only`` (``check`` of an index in a folder this user may not
+        write) opens an existing index to read, and writes nothing, not even the lock."""
         self.directory = Path(directory)
+        if read_only:
+            self._open_read_only()
+            return
         if self.directory.exists() and not self.directory.is_dir():
             raise RagidxError(f"--index {self.directory} is a file, not a folder")
+        refuse_foreign_folder(self.directory)
         self.meta: dict[str, Any] = {}
         self._created = [p for p in (self.directory, *self.directory.parents) if not p.exists()]
         self.directory.mkdir(parents=True, exist_ok=True)
         self._existing = set(os.listdir(self.directory))  # what a first build that fails leaves alone
         self._store: VectorStore | None = None
-        self._lock_file = open(self.directory / LOCK_NAME, "w")  # noqa: SIM115 - held until close()
         try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock = open(self.directory / LOCK_NAME, "w")  # noqa: SIM115 - held until close()
+        except PermissionError:
+            raise RagidxError(
+                f"cannot write the index at {self.directory}: this user may only read it"
+            ) from None
+        self._lock_file: IO[str] | None = lock
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._lock_file.close()
+            lock.close()
             raise IndexLocked(f"index {self.directory} is locked: another build is writing to it") from None
         path = self.directory / DB_NAME
         try:
@@ -110,6 +134,16 @@ class IndexWriter:
         except BaseException:
             self.close()
             raise
+
+    def _open_read_only(self) -> None:
+        self.meta, self._store, self._created, self._existing = {}, None, [], set()
+        self._lock_file = None  # nobody who cannot create the lock file can commit here either
+        path = self.directory / DB_NAME
+        try:
+            self.db = connect(path, read_only=True)
+            self.meta = read_meta(self.db)
+        except sqlite3.DatabaseError as error:
+            raise database_error(path, error) from error
 
     def refuse_damage(self) -> None:
         """Refuse to write onto a file SQLite's ``quick_check`` finds damaged (pages it would not
@@ -140,6 +174,8 @@ class IndexWriter:
             self.db.close()
         if self._store is not None:
             self._store.close()
+        if self._lock_file is None:  # read-only: nothing was made
+            return
         if not self.meta.get("generation"):
             for name in set(os.listdir(self.directory)) - self._existing:
                 path = self.directory / name
@@ -285,11 +321,20 @@ class IndexWriter:
         """Why the FTS5 tables disagree with the chunks, or None when they agree."""
         if not self.db["chunks_fts"].exists():
             return "the table chunks_fts is missing"
+        copy = None
+        run: Any = self.db.execute
+        if self._lock_file is None:  # read-only: FTS5's check is an insert, so it runs on a copy
+            copy = sqlite3.connect(":memory:")
+            self.db.conn.backup(copy)
+            run = copy.execute
         try:
-            self.db.execute("insert into chunks_fts(chunks_fts, rank) values('integrity-check', 1)")
-            self.db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('integrity-check')")
+            run("insert into chunks_fts(chunks_fts, rank) values('integrity-check', 1)")
+            run(f"insert into {CJK_TABLE}({CJK_TABLE}) values('integrity-check')")
         except sqlite3.DatabaseError as error:
             return str(error)
+        finally:
+            if copy is not None:
+                copy.close()
         return None
 
     def rebuild_lexical(self) -> None:
