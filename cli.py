@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ import ragidx.app as api
 from ragidx import __version__
 from ragidx.app import RagidxError, daemon_client
 from ragidx.app.catalog import (
+    DEFAULT_CONTEXT_TOKENS,
     DEFAULT_MODEL,
     DEVICES,
     DTYPES,
@@ -37,9 +38,10 @@ from ragidx.app.catalog import (
     install_packaged_model,
     ollama_model_rows,
     packaged_model_rows,
+    parse_meta,
     strategy_rows,
 )
-from ragidx.indexer.wording import counted, excerpt, page_label, shown
+from ragidx.indexer.wording import counted, page_label, shown
 
 if TYPE_CHECKING:
     from ragidx.app import Role
@@ -181,17 +183,6 @@ def _model_option(command: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--model", default=default_model, show_default=DEFAULT_MODEL_SHOWN, help=MODEL_HELP + "."
     )(command)
-
-
-def parse_meta(pairs: Sequence[str]) -> dict[str, list[str]]:
-    """``--meta KEY=VALUE`` options into a metadata filter; a key given twice accepts either value."""
-    meta: dict[str, list[str]] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise RagidxError(f"--meta expects KEY=VALUE, got {excerpt(pair)}")
-        meta.setdefault(key.strip(), []).append(value)
-    return meta
 
 
 def _print_json(data: Any) -> None:
@@ -480,18 +471,46 @@ _no_daemon_option = click.option(
 )
 
 
-def _through_daemon(request: dict[str, Any], no_daemon: bool) -> dict[str, Any] | None:
-    """The daemon's answer to ``request`` (started if none runs), or None where it is not to be
-    used or cannot be had: the command then answers in this process, with the same result."""
-    if not daemon_client.wanted(no_daemon):
-        return None
-    try:
-        answer = daemon_client.ask(request)
-    except (daemon_client.DaemonUnavailable, OSError, ValueError):
-        return None
-    if "error" in answer:
-        raise RagidxError(answer["error"])
-    return answer
+@dataclass(frozen=True)
+class IndexRequest:
+    """A request on an index: answered by the daemon where one can be had (started if none runs),
+    else in this process, with the same result."""
+
+    directory: str
+    device: str
+    dtype: str | None
+    model: str | None
+    strategy: str | None
+    no_daemon: bool
+
+    def answer(self, request: dict[str, Any], local: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+        """The daemon's answer to ``request``, or ``local(index)`` on the index opened here."""
+        answer = self._through_daemon(
+            {
+                **request,
+                "index": self.directory,
+                "device": self.device,
+                "dtype": self.dtype,
+                "model": self.model,
+                "strategy": self.strategy,
+            }
+        )
+        if answer is not None:
+            return answer
+        with api.Index.open(self.directory, device=self.device, dtype=self.dtype) as index:
+            index.check_compatible(self.model, self.strategy)
+            return local(index)
+
+    def _through_daemon(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        if not daemon_client.wanted(self.no_daemon):
+            return None
+        try:
+            answer = daemon_client.ask(request)
+        except (daemon_client.DaemonUnavailable, OSError, ValueError):
+            return None
+        if "error" in answer:
+            raise RagidxError(answer["error"])
+        return answer
 
 
 @cli.command()
@@ -502,6 +521,25 @@ def _through_daemon(request: dict[str, Any], no_daemon: bool) -> dict[str, Any] 
 @click.option("--model", default=None, help="Must match the index's model if given.")
 @click.option("--strategy", default=None, help="Must match the index's strategy if given.")
 @_no_daemon_option
+@click.option(
+    "--context",
+    "as_context",
+    is_flag=True,
+    help="Print the hits as context for a prompt: passages merged per document, numbered [1]... "
+    "for citation, within --max-tokens.",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=DEFAULT_CONTEXT_TOKENS,
+    show_default=True,
+    help="With --context: the most tokens the context may take.",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="With --context: count tokens with this model's tokenizer (default: the index's model's).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print results as a JSON list.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per result.")
 def query(
@@ -512,6 +550,9 @@ def query(
     model: str | None,
     strategy: str | None,
     no_daemon: bool,
+    as_context: bool,
+    max_tokens: int,
+    tokenizer: str | None,
     as_json: bool,
     as_jsonl: bool,
     **options: Any,
@@ -520,21 +561,34 @@ def query(
 
     The first query starts a per-user daemon that keeps the index's model loaded, so later ones
     answer in a fraction of a second (see `ragidx daemon`); --no-daemon answers in this process.
+    With --context it prints prompt-ready passages that cite their sources, e.g.
+    `ragidx query "..." --context | llm -s "Answer from the context; cite [n]"`.
     """
     if as_json and as_jsonl:
         raise RagidxError("--json and --jsonl exclude each other")
     given = _given_search_options(options)
     directory = os.path.abspath(index_dir or api.default_index_dir())
-    request = {"op": "search", "index": directory, "query": text, "options": given}
-    answer = _through_daemon(
-        {**request, "device": device, "dtype": dtype, "model": model, "strategy": strategy}, no_daemon
+    opened = IndexRequest(directory, device, dtype, model, strategy, no_daemon)
+    if as_context:
+        if as_jsonl:
+            raise RagidxError("--context prints one context: use --json, not --jsonl")
+        wanted = {"max_tokens": max_tokens, "tokenizer": tokenizer, "relative_to": os.getcwd()}
+        found = opened.answer(
+            {"op": "context", "query": text, "options": given, "context": wanted},
+            lambda index: {"context": index.context(text, **given, **wanted).to_dict()},
+        )["context"]
+        if as_json:
+            _print_json(found)
+        elif not found["passages"]:
+            click.echo("no results", err=True)
+        else:
+            click.echo(found["text"])
+        return
+    answer = opened.answer(
+        {"op": "search", "query": text, "options": given},
+        lambda index: {"hits": [hit.to_dict() for hit in index.search(text, **given)]},
     )
-    if answer is not None:
-        hits = [api.hit_from_dict(hit) for hit in answer["hits"]]
-    else:
-        with api.Index.open(directory, device=device, dtype=dtype) as index:
-            index.check_compatible(model, strategy)
-            hits = index.search(text, **given)
+    hits = [api.hit_from_dict(hit) for hit in answer["hits"]]
     if as_json:
         _print_json([hit.to_dict() for hit in hits])
     elif as_jsonl:
@@ -592,16 +646,11 @@ def embed(
         if strategy_options:
             raise RagidxError("strategy options come from the index; give them with --model, not --index")
         directory = os.path.abspath(index_dir or api.default_index_dir())
-        request = {"op": "embed", "index": directory, "texts": items, "role": role}
-        answer = _through_daemon(
-            {**request, "device": device, "dtype": dtype, "model": model, "strategy": strategy}, no_daemon
-        )
-        if answer is not None:
-            vectors = answer["vectors"]
-        else:
-            with api.Index.open(directory, device=device, dtype=dtype) as index:
-                index.check_compatible(model, strategy)
-                vectors = index.embed(items, role).tolist()
+        opened = IndexRequest(directory, device, dtype, model, strategy, no_daemon)
+        vectors = opened.answer(
+            {"op": "embed", "texts": items, "role": role},
+            lambda index: {"vectors": index.embed(items, role).tolist()},
+        )["vectors"]
     if as_json:
         click.echo(json.dumps(vectors))
     else:
@@ -1110,6 +1159,12 @@ def check(index_dir: Path | None, repair: bool, device: str, as_json: bool) -> N
     metavar="NAME",
     help="Also answer requests for this Host name (a reverse proxy's, say); repeatable.",
 )
+@click.option(
+    "--model",
+    default=None,
+    help=f"Serve this model's embeddings without an index (/embed, /v1/embeddings). {MODEL_HELP}.",
+)
+@click.option("--strategy", default=None, help="With --model: the strategy (default: the model's).")
 def serve(
     index_dir: Path | None,
     device: str,
@@ -1121,8 +1176,12 @@ def serve(
     token: str | None,
     token_file: Path | None,
     allowed_hosts: tuple[str, ...],
+    model: str | None,
+    strategy: str | None,
 ) -> None:
-    """Serve the index over HTTP: /search, /embed, /health, /info, and a search page at /.
+    """Serve the index over HTTP: /search and /context (POST, or GET with ?q=...), /embed, OpenAI's
+    /v1/embeddings and /v1/models, /health, /info, and a search page at /. With --model and no
+    --index: that model's embeddings alone, for applications that keep their own store.
 
     Only this machine can reach it by default (127.0.0.1, and only by its loopback names). To
     listen beyond it, give --host and a --token that every request must carry.
@@ -1139,14 +1198,26 @@ def serve(
             f"listening on {host} serves the index beyond this machine: give it a --token "
             "(or RAGIDX_TOKEN) that requests must carry"
         )
+    if strategy and not model:
+        raise RagidxError("--strategy goes with --model (an index serves its own strategy)")
+    if model and index_dir:
+        raise RagidxError("--model serves a model without an index; an --index serves its own model")
     hosts = [*allowed_hosts, *(loopback_hosts() if is_loopback(host) else ["*"])]
     sock = listening_socket(host, port)
-    index = api.Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    index.strategy  # noqa: B018 - load the model once, before the first request
+    served: Any
+    if model:
+        served = api.Embedder(
+            model, strategy, device=device, dtype=dtype or "auto", trust_remote_code=trust_remote_code
+        )
+        what = f"{served.model} ({served.strategy.name}) embeddings"
+    else:
+        served = api.Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        served.strategy  # noqa: B018 - load the model once, before the first request
+        what = str(served.reader.directory)
     address = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     guarded = f"; requests need the bearer token (the search page: {address}#token=TOKEN)" if token else ""
-    click.echo(f"serving {index.reader.directory} on {address}{guarded}", err=True)
-    run(create_app(index, max_body_bytes, token=token, allowed_hosts=hosts), sock)
+    click.echo(f"serving {what} on {address}{guarded}", err=True)
+    run(create_app(served, max_body_bytes, token=token, allowed_hosts=hosts), sock)
 
 
 def _read_token(path: Path, given: str | None) -> str:

@@ -8,9 +8,10 @@ from typing import Any
 
 from ragidx.indexer.model.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
 from ragidx.indexer.model.sources import install_packaged_model, ollama_model_rows, packaged_model_rows
+from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
 from ragidx.indexer.search.fusion import METHODS
 from ragidx.indexer.search.options import MAX_K, MODES, SEARCH_OPTION_SPECS, SearchOptionSpec
-from ragidx.indexer.storage.filters import FILTER_HELP, FILTER_KINDS
+from ragidx.indexer.storage.filters import FILTER_HELP, FILTER_KINDS, parse_meta
 from ragidx.indexer.storage.index_settings import INDEX_TYPES
 from ragidx.indexer.storage.stores import STORES
 from ragidx.indexer.strategies import OPTION_SPECS, REGISTRY
@@ -18,6 +19,7 @@ from ragidx.indexer.strategies.base import ROLES
 from ragidx.indexer.strategies.options import OptionSpec, flag_of
 
 __all__ = [
+    "DEFAULT_CONTEXT_TOKENS",
     "DEFAULT_MODEL",
     "DEVICES",
     "DTYPES",
@@ -38,6 +40,7 @@ __all__ = [
     "install_packaged_model",
     "ollama_model_rows",
     "packaged_model_rows",
+    "parse_meta",
     "strategy_rows",
 ]
 

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ragidx.app.retriever import Index
 from ragidx.indexer.errors import RagidxError
 
 MAX_INDEXES = 2  # each holds its model in memory
@@ -60,7 +61,7 @@ class Daemon:
         self.idle = idle
         self.started = time.time()
         self.served = 0
-        self.open: collections.OrderedDict[IndexKey, Any] = collections.OrderedDict()
+        self.open: collections.OrderedDict[IndexKey, Index] = collections.OrderedDict()
         self.listener = _listen(path)
         self.inode = path.stat().st_ino  # a later daemon's socket at the same path is not ours
         self.stopping = False
@@ -136,8 +137,8 @@ class Daemon:
             self._count(served=1)
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One request: ``search``, ``embed``, ``status`` or ``stop`` (the first two holding the
-        model's lock)."""
+        """One request: ``search``, ``context``, ``embed``, ``status`` or ``stop`` (the first three
+        holding the model's lock)."""
         operation = request.get("op")
         if operation == "status":
             return self.status()
@@ -145,29 +146,29 @@ class Daemon:
             self.stopping = True
             self._withdraw()  # before answering: a client told "stopped" finds no socket
             return {"stopped": True, "pid": os.getpid()}
-        if operation not in ("search", "embed"):
+        if operation not in ("search", "context", "embed"):
             raise RagidxError(f"unknown daemon request {operation!r}")
         key = (os.path.realpath(request["index"]), request.get("device", "auto"), request.get("dtype"))
         index = self.index(key)
         index.check_compatible(request.get("model"), request.get("strategy"))
+        options = request.get("options", {})
         if operation == "search":
-            answer = {
-                "hits": [
-                    hit.to_dict() for hit in index.search(request["query"], **request.get("options", {}))
-                ]
+            answer: dict[str, Any] = {
+                "hits": [hit.to_dict() for hit in index.search(request["query"], **options)]
             }
+        elif operation == "context":
+            context = index.context(request["query"], **options, **request.get("context", {}))
+            answer = {"context": context.to_dict()}
         else:
             answer = {"vectors": index.embed(request["texts"], request.get("role", "query")).tolist()}
         if key not in self.warm:
             self.cold.setdefault(key, WARM_UP_CALLS)
         return answer
 
-    def index(self, key: IndexKey) -> Any:
+    def index(self, key: IndexKey) -> Index:
         """The open index (and its loaded model) for ``(folder, device, dtype)``, opened on first
         use and following the folder's current index; one that is gone is closed (its model
         freed) and reported as such."""
-        from ragidx.app.retriever import Index
-
         folder, device, dtype = key
         if key not in self.open:
             self.open[key] = Index.open(folder, device=device, dtype=dtype)

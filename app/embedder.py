@@ -37,6 +37,7 @@ class Embedder:
         if options:
             raise RagidxError(f"unknown embedding option {sorted(options)[0]!r}")
         runtime = load_runtime(model or default_model(), device, dtype, trust_remote_code)
+        self.model = runtime.model_id
         self.strategy: Strategy = create_strategy(
             named_or_default(strategy, runtime), runtime, **given, **templates
         )

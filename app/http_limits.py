@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 import h11
@@ -40,6 +41,15 @@ async def busy(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": detail})
 
 
+def no_delay(transport: asyncio.Transport) -> None:
+    """Send each response at once: asyncio sets TCP_NODELAY only on sockets made with
+    ``IPPROTO_TCP`` named, and without it a response's body waited for the client's delayed
+    acknowledgement of its head, 40 ms on Linux (every request took 44 ms or more)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def limited_protocol(
     request_seconds: float = REQUEST_SECONDS, max_connections: int = MAX_CONNECTIONS
 ) -> type:
@@ -48,6 +58,7 @@ def limited_protocol(
     class LimitedProtocol(H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            no_delay(transport)
             if len(self.connections) > HARD_CAP_FACTOR * max_connections:
                 transport.close()
                 return

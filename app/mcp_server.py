@@ -1,5 +1,6 @@
 """MCP server over one open index (the official ``mcp`` SDK, stdio): the tools ``search``,
-``get_document`` and ``status``, and every indexed document as a ``file://`` resource.
+``context`` (prompt-ready passages to cite), ``get_document`` and ``status``, and every indexed
+document as a ``file://`` resource.
 
 Agents and editors speak the Model Context Protocol; this gives them ragidx's search with the
 index's own model and strategy. As in the HTTP API, every use of the index passes through one lock
@@ -28,7 +29,13 @@ from pydantic import Field, ValidationError
 
 from ragidx import __version__
 from ragidx.app.retriever import Index, SearchOptions
-from ragidx.app.schemas import search_options, search_parameters, validation_detail
+from ragidx.app.schemas import (
+    DEFAULT_CONTEXT_TOKENS,
+    MaxTokens,
+    search_options,
+    search_parameters,
+    validation_detail,
+)
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument, normal_path, read_document, span_pages
@@ -146,6 +153,27 @@ def create_server(index: Index) -> IndexServer:
     # The arguments are the search options' own declaration, as the HTTP request's are.
     search.__signature__ = inspect.Signature(search_parameters(), return_annotation=dict[str, Any])  # type: ignore[attr-defined]
     server.tool(annotations=READ_ONLY)(search)
+
+    def context(**arguments: Any) -> dict[str, Any]:
+        """The search's hits as context to answer from: passages merged per document, numbered
+        [1]... best first with path, span and title, cut to whole sentences within max_tokens
+        (the index's model's tokenizer). Cite a passage by its number."""
+        max_tokens = arguments.pop("max_tokens", DEFAULT_CONTEXT_TOKENS)
+        query, given = search_options(arguments)
+        try:
+            with server.lock:
+                found = server.index.context(query, max_tokens=max_tokens, **given)
+        except RagidxError as error:
+            raise ToolError(str(error)) from None
+        return found.to_dict()
+
+    budget = inspect.Parameter(
+        "max_tokens", inspect.Parameter.KEYWORD_ONLY, default=DEFAULT_CONTEXT_TOKENS, annotation=MaxTokens
+    )
+    context.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [*search_parameters(), budget], return_annotation=dict[str, Any]
+    )
+    server.tool(annotations=READ_ONLY)(context)
 
     @server.tool(annotations=READ_ONLY)
     def get_document(

@@ -15,7 +15,9 @@ from ragidx.indexer.build.settings import IndexSettings, build_options
 from ragidx.indexer.build.tuning import DEFAULT_QUERIES, TuningReport, tune_and_store
 from ragidx.indexer.build.watch import watch
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.runtime import model_tokenizer
 from ragidx.indexer.model.sources import canonical_model_id
+from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS, Context, fit, merge_hits
 from ragidx.indexer.search.engine import Ranked, SearchEngine
 from ragidx.indexer.search.hits import Hit
 from ragidx.indexer.search.options import SearchOptions
@@ -181,6 +183,39 @@ class Index:
             )
         return self.engine.search(queries, SearchOptions.of(options, **given), vectors)
 
+    def context(
+        self,
+        query: str,
+        options: SearchOptions | None = None,
+        *,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        tokenizer: str | None = None,
+        relative_to: str | None = None,
+        **given: Any,
+    ) -> Context:
+        """The search's hits as context for a prompt (``ragidx query --context``): overlapping or
+        consecutive chunks of a document merged into one passage, duplicates dropped, passages
+        numbered ``[1]``… best first with path, span and title, and cut to whole sentences so the
+        whole text is at most ``max_tokens`` tokens of ``tokenizer`` (a model name; default: the
+        index's model). ``relative_to``: a folder whose documents are shown by relative path.
+        Search options as for :meth:`search`."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise RagidxError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
+        hits = self.search(query, options, **given)
+        rows = self.reader.chunk_rows([hit.chunk_id for hit in hits])
+        name = tokenizer or self.settings.model
+        counting = self.strategy.runtime.tokenizer if tokenizer is None and self._loaded() else None
+        counting = counting or model_tokenizer(name)
+
+        def count(text: str) -> int:
+            return len(counting(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+        return fit(query, merge_hits(hits, rows), count, max_tokens, name, relative_to)
+
+    def _loaded(self) -> bool:
+        """Whether the index's own model is loaded (its tokenizer is then at hand)."""
+        return self._strategy is not None and self._strategy_settings == self.settings.model_identity
+
     def rankings(self, queries: Sequence[str], depth: int, vectors: np.ndarray | None = None) -> list[Ranked]:
         """Each query's dense and lexical candidates (chunk id, score), best first: what hybrid
         search fuses (see :meth:`SearchEngine.rankings`)."""
@@ -200,7 +235,7 @@ class Index:
         """Tune the hybrid fusion weights on ``queries`` pseudo-queries from the index's own
         documents and store them, as ``ragidx tune`` does; searches use them at once."""
         self.refresh()
-        loaded = self._strategy if self._strategy_settings == self.settings.model_identity else None
+        loaded = self._strategy if self._loaded() else None
         with IndexWriter(self.reader.directory) as writer:
             report = tune_and_store(writer, loaded, queries or DEFAULT_QUERIES, self.device)
         self.refresh()

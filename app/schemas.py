@@ -10,18 +10,22 @@ and in the MCP tool without being written again.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
-from ragidx.indexer.search.options import SEARCH_OPTION_SPECS, SearchOptionSpec
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
+from ragidx.indexer.search.options import SEARCH_OPTION_SPECS, SEARCH_SPECS_BY_NAME, SearchOptionSpec
+from ragidx.indexer.storage.filters import FILTER_KINDS, parse_meta
 from ragidx.indexer.strategies.base import Role
-from ragidx.indexer.wording import encodable
+from ragidx.indexer.wording import encodable, excerpt
 
 MAX_TEXT_CHARS = 20_000
 MAX_EMBED_TEXTS = 256
 MAX_WEIGHT = 1e6  # only the ratio of the weights matters
+MAX_CONTEXT_TOKENS = 1_000_000
 
 
 def _valid_unicode(text: str) -> str:
@@ -125,8 +129,19 @@ def search_options(body: BaseModel | dict[str, Any]) -> tuple[str, dict[str, Any
     return str(given.pop("query")), given
 
 
+MaxTokens = Annotated[
+    int,
+    Field(
+        strict=True,
+        ge=1,
+        le=MAX_CONTEXT_TOKENS,
+        description="The most tokens the context may take (the index's model's tokenizer).",
+    ),
+]
+
 if TYPE_CHECKING:
     SearchBody = BaseModel
+    ContextBody = BaseModel
 else:
     SearchBody = create_model(
         "SearchBody",
@@ -136,6 +151,62 @@ else:
             for p in search_parameters()
         },
     )
+    ContextBody = create_model(
+        "ContextBody", __base__=SearchBody, max_tokens=(MaxTokens, DEFAULT_CONTEXT_TOKENS)
+    )
+
+
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def query_parameters(
+    params: Mapping[str, str] | Any, context: bool = False
+) -> tuple[str, dict[str, Any], int]:
+    """A GET request's query, search options and context budget from its URL's parameters: ``q``,
+    each option by name (``k=3``, ``mode=dense``, ``weights=dense=0.3,lexical=0.7``), filters as
+    repeatable ``path=``, ``ext=`` and ``meta=KEY=VALUE``, and with ``context`` ``max_tokens``."""
+    given: dict[str, Any] = {}
+    filters: dict[str, Any] = {}
+    max_tokens = DEFAULT_CONTEXT_TOKENS
+    allowed = {"q", *SEARCH_SPECS_BY_NAME, *FILTER_KINDS} | ({"max_tokens"} if context else set())
+    for name in params:
+        if name not in allowed:
+            raise RagidxError(f"unknown parameter {excerpt(name)}")
+    query = params.get("q", "")
+    if not query.strip() or len(query) > MAX_TEXT_CHARS:
+        raise RagidxError(f"q: give the query (1 to {MAX_TEXT_CHARS} characters)")
+    for kind in FILTER_KINDS:
+        values = params.getlist(kind) if hasattr(params, "getlist") else [params[kind]] * (kind in params)
+        if values:
+            filters[kind] = parse_meta(values) if kind == "meta" else values
+    if filters:
+        given["filters"] = filters
+    for name, spec in SEARCH_SPECS_BY_NAME.items():
+        if name in params and spec.kind != "filters":
+            given[name] = _typed(name, spec.kind, params[name])
+    if "max_tokens" in params:
+        max_tokens = _typed("max_tokens", "int", params["max_tokens"])
+        if not 1 <= max_tokens <= MAX_CONTEXT_TOKENS:
+            raise RagidxError(f"max_tokens must be 1 to {MAX_CONTEXT_TOKENS}, got {max_tokens}")
+    return query, given, max_tokens
+
+
+def _typed(name: str, kind: str, value: str) -> Any:
+    """A parameter's text as its option's type (the option then checks its bounds)."""
+    try:
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+    except ValueError:
+        raise RagidxError(
+            f"{name} needs a {'whole ' if kind == 'int' else ''}number, got {excerpt(value)}"
+        ) from None
+    if kind == "bool":
+        if value.lower() not in TRUE + FALSE:
+            raise RagidxError(f"{name} is true or false, got {excerpt(value)}")
+        return value.lower() in TRUE
+    return value
 
 
 class EmbedBody(BaseModel):

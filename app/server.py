@@ -1,4 +1,7 @@
-"""HTTP API over one open index (FastAPI): search, embed, health, info, and a search page at ``/``.
+"""HTTP API over one open index (FastAPI): search and prompt-ready context (POST with a JSON
+body, or GET with query parameters), embed, OpenAI's embeddings API (:mod:`.openai_api`), health,
+info, and a search page at ``/``; or over a model without an index (``ragidx serve --model``):
+the embedding routes alone.
 
 The model is loaded once, before the first request. Every use of the index passes through one
 lock: strategies such as kv-embedding and htp re-route the model's attention for the length of a
@@ -27,12 +30,31 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ragidx import __version__
 from ragidx.app.batching import SearchBatcher
+from ragidx.app.embedder import Embedder
 from ragidx.app.http_limits import limited_protocol
+from ragidx.app.openai_api import add_openai_routes, served_name
 from ragidx.app.retriever import Index, SearchOptions
-from ragidx.app.schemas import EmbedBody, SearchBody, search_options, validation_detail
+from ragidx.app.schemas import (
+    DEFAULT_CONTEXT_TOKENS,
+    ContextBody,
+    EmbedBody,
+    SearchBody,
+    query_parameters,
+    search_options,
+    validation_detail,
+)
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.base import Role
 
 MAX_BODY_BYTES = 1_000_000  # default bound on a request body (`ragidx serve --max-body-bytes`)
+NEEDS_TOKEN = "a bearer token is needed: Authorization: Bearer TOKEN"
+# ragidx's shape and OpenAI's in one body, so that both kinds of client show why.
+UNAUTHORISED = json.dumps(
+    {
+        "detail": NEEDS_TOKEN,
+        "error": {"message": NEEDS_TOKEN, "type": "authentication_error", "code": "invalid_api_key"},
+    }
+).encode()
 OPEN_PATHS = ("/",)  # the search page: static, holds no index data; it sends the token itself
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -93,7 +115,7 @@ class TokenCheck:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
-                detail = b'{"detail": "a bearer token is needed: Authorization: Bearer TOKEN"}'
+                detail = UNAUTHORISED
                 headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
                 await send({"type": "http.response.start", "status": 401, "headers": headers})
                 await send({"type": "http.response.body", "body": detail})
@@ -106,14 +128,49 @@ def loopback_hosts() -> list[str]:
     return ["127.0.0.1", "localhost", "::1", "[::1]"]
 
 
+class ServedModel:
+    """What the embedding routes need of an index (its own model, followed across rebuilds) or
+    of a model served without one (``ragidx serve --model``)."""
+
+    def __init__(self, served: Index | Embedder):
+        self.served = served
+
+    def embed(self, texts: Sequence[str], role: Role) -> Any:
+        if isinstance(self.served, Index):
+            self.served.refresh()
+        return self.served.embed(texts, role)
+
+    def name(self) -> str:
+        served = self.served
+        return served_name(served.settings.model if isinstance(served, Index) else served.model)
+
+    def dimension(self) -> int:
+        if isinstance(self.served, Index):
+            return int(self.served.meta["dimension"])
+        return self.served.strategy.dimension
+
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """The texts' tokens with the model's tokenizer, as given (no template, no special tokens)."""
+        tokenizer = self.served.strategy.runtime.tokenizer
+        return sum(len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"])
+
+    def info(self) -> dict[str, Any]:
+        if isinstance(self.served, Index):
+            self.served.refresh()
+            return self.served.info()
+        strategy = self.served.strategy
+        return {"model": self.served.model, "strategy": strategy.name, "dimension": strategy.dimension}
+
+
 def create_app(
-    index: Index,
+    served: Index | Embedder,
     max_body_bytes: int = MAX_BODY_BYTES,
     *,
     token: str | None = None,
     allowed_hosts: Sequence[str] | None = None,
 ) -> Callable[..., Awaitable[None]]:
-    """The application serving ``index``; call ``index.strategy`` first to load the model up front.
+    """The application serving an index, or a model without one (embeddings only); call
+    ``served.strategy`` first to load the model up front.
 
     ``allowed_hosts``: the ``Host`` headers answered (default: this machine's loopback names), so a
     web page cannot reach the server by a name it controls (DNS rebinding); ``["*"]`` answers
@@ -121,8 +178,7 @@ def create_app(
     """
     app = FastAPI(title="ragidx", version=__version__, docs_url=None, redoc_url=None)
     lock = threading.Lock()
-    batcher = SearchBatcher(index, lock)
-    page = resources.files("ragidx.app").joinpath("static/search.html").read_text(encoding="utf-8")
+    model = ServedModel(served)
 
     @app.exception_handler(RequestValidationError)
     def invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -135,40 +191,71 @@ def create_app(
     def refused(_: Request, error: RagidxError) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": str(error)})
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def search_page() -> str:
-        return page
-
     @app.get("/health")
     def health() -> dict[str, Any]:
         with lock:
-            index.refresh()
-            return {"status": "ok", "generation": index.meta["generation"]}
+            if isinstance(served, Index):
+                served.refresh()
+                return {"status": "ok", "generation": served.meta["generation"]}
+            return {"status": "ok", "model": model.name()}
 
     @app.get("/info")
     def info() -> dict[str, Any]:
         with lock:
-            index.refresh()
-            return index.info()
-
-    @app.post("/search")
-    async def search(body: SearchBody) -> dict[str, Any]:
-        query, given = search_options(body)
-        options = SearchOptions.of(**given)
-        hits = await asyncio.wrap_future(batcher.submit(query, options))
-        return {"query": query, "mode": options.mode, "k": options.k, "hits": [hit.to_dict() for hit in hits]}
+            return model.info()
 
     @app.post("/embed")
     def embed(body: EmbedBody) -> dict[str, Any]:
         with lock:
-            index.refresh()
-            vectors = index.embed(body.texts, body.role)
+            vectors = model.embed(body.texts, body.role)
         return {"role": body.role, "dimension": int(vectors.shape[1]), "vectors": vectors.tolist()}
+
+    add_openai_routes(app, model.embed, model.name, model.dimension, model.count_tokens, lock)
+    if isinstance(served, Index):
+        add_search_routes(app, served, lock)
 
     guarded: Callable[..., Awaitable[None]] = BodyLimit(app, max_body_bytes)
     if token:
         guarded = TokenCheck(guarded, token)
     return TrustedHostMiddleware(guarded, allowed_hosts=list(allowed_hosts or loopback_hosts()))
+
+
+def add_search_routes(app: FastAPI, index: Index, lock: threading.Lock) -> None:
+    """Search and context, by POST with a JSON body or by GET with query parameters (``GET
+    /search?q=tides&k=3&path=notes/*``), and the search page."""
+    batcher = SearchBatcher(index, lock)
+    page = resources.files("ragidx.app").joinpath("static/search.html").read_text(encoding="utf-8")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def search_page() -> str:
+        return page
+
+    async def searched(query: str, given: dict[str, Any]) -> dict[str, Any]:
+        options = SearchOptions.of(**given)
+        hits = await asyncio.wrap_future(batcher.submit(query, options))
+        return {"query": query, "mode": options.mode, "k": options.k, "hits": [hit.to_dict() for hit in hits]}
+
+    def context(query: str, given: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+        with lock:
+            return index.context(query, max_tokens=max_tokens, **given).to_dict()
+
+    @app.post("/search")
+    async def search(body: SearchBody) -> dict[str, Any]:
+        return await searched(*search_options(body))
+
+    @app.get("/search")
+    async def search_by_url(request: Request) -> dict[str, Any]:
+        query, given, _ = query_parameters(request.query_params)
+        return await searched(query, given)
+
+    @app.post("/context")
+    def context_of(body: ContextBody) -> dict[str, Any]:
+        query, given = search_options(body)
+        return context(query, given, given.pop("max_tokens", DEFAULT_CONTEXT_TOKENS))
+
+    @app.get("/context")
+    def context_by_url(request: Request) -> dict[str, Any]:
+        return context(*query_parameters(request.query_params, context=True))
 
 
 def is_loopback(host: str) -> bool:

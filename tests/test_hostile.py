@@ -333,6 +333,17 @@ def test_slow_requests_are_cut_off_and_connections_capped(small_index):
             assert len(_closed(slow)) == len(slow) and time.monotonic() - started < 2  # the 1 s deadline
             answer = httpx.post(f"http://localhost:{port}/search", json={"query": "tides"}, timeout=30)
             assert answer.status_code == 200
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:  # one kept-alive connection
+                client.get("/health")
+                (held,) = server.server_state.connections  # its socket sends without waiting for ACKs
+                sock = held.transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                took = []
+                for _ in range(10):
+                    started = time.perf_counter()
+                    client.get("/health")
+                    took.append(time.perf_counter() - started)
+                assert sorted(took)[5] < 0.03  # 44 ms each while the body waited for a delayed ACK
         finally:
             server.should_exit = True
             thread.join(10)

@@ -68,14 +68,16 @@ def test_tools_answer_as_the_python_api_does(mcp_index):
             "slice": structured(await client.call_tool("get_document", span)),
             "whole": structured(await client.call_tool("get_document", {"path": hit["path"]})),
             "status": structured(await client.call_tool("status", {})),
+            "context": structured(await client.call_tool("context", {"query": query, "max_tokens": 120})),
         }
 
     got = session(mcp_index, script)
-    assert set(got["tools"]) == {"search", "get_document", "status"}
+    assert set(got["tools"]) == {"search", "context", "get_document", "status"}
     assert got["tools"]["search"].annotations.read_only_hint
     with Index.open(mcp_index) as opened:  # the same search through the Python API, in this process
         expected = opened.search(query, k=3, mode="lexical", explain=True)
         info = opened.info()
+        assert got["context"] == opened.context(query, max_tokens=120).to_dict()
     hits = got["found"]["hits"]
     assert [(h["path"], h["span"], h["score"]) for h in hits] == [
         (h.path, list(h.span), pytest.approx(h.score)) for h in expected

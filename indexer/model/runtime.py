@@ -7,6 +7,7 @@ attention mask, last *real* token, stop after the last layer a strategy reads) l
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -366,6 +367,17 @@ def _load_config(location: str, model: str, trust_remote_code: bool) -> Any:
     try:
         return AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
+        raise _not_found(model, str(error).splitlines()[0]) from error
+
+
+@functools.lru_cache(maxsize=4)
+def model_tokenizer(model: str) -> Any:
+    """The tokenizer of ``model`` (a short name, GGUF file, folder or hub id) alone, without its
+    weights: what counts a prompt's tokens for that model. Kept for the next call."""
+    location = resolve_model(model).loadable()
+    try:
+        return load_tokenizer(location)
+    except OSError as error:
         raise _not_found(model, str(error).splitlines()[0]) from error
 
 

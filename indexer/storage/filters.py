@@ -19,6 +19,20 @@ from ragidx.indexer.wording import excerpt
 
 META_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$")
 FILTER_KINDS = ("path", "ext", "meta")
+
+
+def parse_meta(pairs: Sequence[str]) -> dict[str, list[str]]:
+    """``KEY=VALUE`` metadata filters (``--meta``, a URL's ``meta=``) as the filter takes them; a
+    key given twice accepts either value."""
+    meta: dict[str, list[str]] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise RagidxError(f"a metadata filter is KEY=VALUE, got {excerpt(pair)}")
+        meta.setdefault(key.strip(), []).append(value)
+    return meta
+
+
 FILTER_HELP = {  # each kind's values, as the CLI's --path, --ext and --meta take them
     "path": "Only documents whose path matches this glob (repeatable).",
     "ext": "Only documents with this extension, e.g. md (repeatable).",

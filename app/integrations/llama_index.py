@@ -1,0 +1,76 @@
+"""ragidx in LlamaIndex (``pip install 'ragidx[llama-index]'``): a retriever over an index and an
+embedding model that embeds documents and queries each in its own role.
+
+    retriever = RagidxRetriever.from_index("my-index", k=5)
+    engine = RetrieverQueryEngine.from_args(retriever, llm=your_llm)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llama_index.core.embeddings import BaseEmbedding
+from llama_index.core.retrievers import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from pydantic import PrivateAttr
+
+from ragidx.app.integrations.common import Guarded, hit_metadata
+from ragidx.app.retriever import Index, SearchOptions
+
+
+class RagidxRetriever(BaseRetriever):
+    """The index's best chunks for a query as ``NodeWithScore`` (a ``TextNode`` with the chunk's
+    text, its metadata as in the LangChain retriever, and the hit's score). Search options are
+    ragidx's (:class:`SearchOptions`)."""
+
+    def __init__(self, source: Guarded, options: SearchOptions | None = None, **kwargs: Any):
+        self.source = source
+        self.options = options or SearchOptions()
+        super().__init__(**kwargs)
+
+    @classmethod
+    def from_index(cls, index: Index | str | Path, **options: Any) -> RagidxRetriever:
+        """A retriever over ``index`` (open, or its folder) with these search options."""
+        return cls(Guarded.of(index, None), SearchOptions.of(**options))
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        hits = self.source.search(query_bundle.query_str, self.options)
+        return [
+            NodeWithScore(
+                node=TextNode(
+                    id_=f"ragidx-{hit.chunk_id}",
+                    text=hit.text,
+                    metadata=hit_metadata(hit),
+                    excluded_embed_metadata_keys=["span", "chunk_id", "score", "rank"],
+                    excluded_llm_metadata_keys=["span", "chunk_id", "score", "rank"],
+                ),
+                score=hit.score,
+            )
+            for hit in hits
+        ]
+
+
+class RagidxEmbedding(BaseEmbedding):
+    """Vectors as a ragidx index stores (texts) and searches with (queries): an index's own model
+    and strategy, or a model and strategy without an index."""
+
+    _source: Guarded = PrivateAttr()
+
+    def __init__(self, index: Index | str | Path | None = None, *, model: str | None = None, **options: Any):
+        source = Guarded.of(index, model, **options)
+        name = source.source.settings.model if isinstance(source.source, Index) else source.source.model
+        super().__init__(model_name=name)
+        self._source = source
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._source.embed([query], "query")[0].tolist()
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._source.embed([text], "document")[0].tolist()
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._source.embed(texts, "document").tolist()

@@ -1,0 +1,194 @@
+"""OpenAI's embeddings API on ``ragidx serve``: ``POST /v1/embeddings`` (and ``/embeddings``),
+``GET /v1/models``.
+
+Applications talk to embedding servers through this API (Ollama, llama.cpp's server, TEI, vLLM
+serve it), so the official ``openai`` client, LangChain's ``OpenAIEmbeddings``, LlamaIndex's
+``OpenAILikeEmbedding`` and the like get ragidx's vectors with nothing but a base URL. A strategy
+embeds a query and a document differently and these clients cannot say which they send, so each
+role has a model id of its own: ``NAME-query`` and ``NAME-document``; the bare ``NAME`` embeds
+as a query, as ``ragidx embed`` and ``POST /embed`` do. Errors have OpenAI's shape (``{"error":
+{"message", "type", "param", "code"}}``) so that clients show them.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from anyio import to_thread
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ragidx.app.schemas import validation_detail
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.base import Role
+from ragidx.indexer.wording import encodable
+
+MAX_INPUTS = 2048  # OpenAI's own limit on one request's inputs
+MAX_INPUT_CHARS = 100_000  # per input (the strategy truncates to its --max-length in tokens)
+ROLE_SUFFIXES: dict[str, Role] = {"-query": "query", "-document": "document"}
+TOKEN_IDS = (
+    "ragidx embeds text, not token ids: send strings (LangChain's OpenAIEmbeddings sends token ids "
+    "unless it is given check_embedding_ctx_length=False)"
+)
+Embed = Callable[[Sequence[str], Role], np.ndarray]
+
+
+class OpenAIError(Exception):
+    """A refusal in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+    def response(self) -> JSONResponse:
+        kind = {401: "authentication_error", 404: "invalid_request_error"}.get(self.status)
+        error = {
+            "message": self.message,
+            "type": kind or ("invalid_request_error" if self.status < 500 else "server_error"),
+            "param": self.param,
+            "code": self.code,
+        }
+        return JSONResponse(status_code=self.status, content={"error": error})
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request (``user`` taken and ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=200)
+    input: str | list[Any]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, strict=True)
+    user: str | None = None
+
+
+def served_name(model: str) -> str:
+    """The model's id on this API: its short name, or a file or folder's name without suffix."""
+    name = Path(model).name if "/" in model or model.endswith(".gguf") else model
+    name = re.sub(r"\.gguf$", "", name)
+    return re.sub(r"[^A-Za-z0-9._:-]+", "-", name) or "ragidx"
+
+
+def model_ids(name: str) -> dict[str, Role]:
+    """Each id this server answers to, with the role it embeds in."""
+    return {name: "query", **{name + suffix: role for suffix, role in ROLE_SUFFIXES.items()}}
+
+
+def add_openai_routes(
+    app: FastAPI,
+    embed: Embed,
+    name: Callable[[], str],
+    dimension: Callable[[], int],
+    count_tokens: Callable[[Sequence[str]], int],
+    lock: threading.Lock,
+) -> None:
+    """The routes, on ``app``: ``embed(texts, role)`` under ``lock``; ``name`` and ``dimension``
+    of the model served now (an index rebuilt with another model changes them)."""
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)
+    def models() -> dict[str, Any]:
+        with lock:
+            ids = model_ids(name())
+        return {
+            "object": "list",
+            "data": [{"id": id, "object": "model", "created": created, "owned_by": "ragidx"} for id in ids],
+        }
+
+    async def embeddings(request: Request) -> JSONResponse:
+        try:
+            body = await _parsed(request)
+            answer = await to_thread.run_sync(_embedded, body, _texts(body.input))
+        except OpenAIError as error:
+            return error.response()
+        return JSONResponse(content=answer)
+
+    def _embedded(body: EmbeddingsRequest, texts: list[str]) -> dict[str, Any]:
+        with lock:
+            ids = model_ids(name())
+            if body.model not in ids:
+                raise OpenAIError(
+                    404,
+                    f"the model '{body.model[:100]}' is not served here: use one of {', '.join(ids)} "
+                    f"(GET /v1/models); the bare '{name()}' embeds as a query",
+                    "model_not_found",
+                    "model",
+                )
+            served = dimension()
+            if body.dimensions is not None and body.dimensions != served:
+                raise OpenAIError(
+                    400,
+                    f"this model's vectors have {served} dimensions; ragidx does not shorten them, so "
+                    f"dimensions={body.dimensions} cannot be served (leave it out, or give {served})",
+                    "invalid_dimensions",
+                    "dimensions",
+                )
+            try:
+                vectors = embed(texts, ids[body.model])
+                tokens = count_tokens(texts)
+            except RagidxError as error:
+                raise OpenAIError(400, str(error), "invalid_input", "input") from None
+        return {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": _encoded(vector, body.encoding_format)}
+                for i, vector in enumerate(vectors)
+            ],
+            "model": body.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    for path in ("/v1/embeddings", "/embeddings"):
+        app.add_api_route(path, embeddings, methods=["POST"], include_in_schema=path.startswith("/v1"))
+
+
+async def _parsed(request: Request) -> EmbeddingsRequest:
+    try:
+        return EmbeddingsRequest.model_validate_json(await request.body())
+    except ValidationError as error:
+        detail, errors = validation_detail(error.errors())
+        param = str(errors[0]["loc"][0]) if errors and errors[0]["loc"] else None
+        raise OpenAIError(400, detail, "invalid_request", param) from None
+
+
+def _texts(given: str | list[Any]) -> list[str]:
+    """The inputs as a list of texts; token ids and empty or oversized texts refused."""
+    texts = [given] if isinstance(given, str) else given
+    if not texts:
+        raise OpenAIError(400, "input is empty: give a string or a list of strings", "invalid_input", "input")
+    if len(texts) > MAX_INPUTS:
+        raise OpenAIError(
+            400, f"input has {len(texts)} items; at most {MAX_INPUTS} per request", "too_many_inputs", "input"
+        )
+    if any(isinstance(item, int | list) for item in texts):
+        raise OpenAIError(400, TOKEN_IDS, "token_ids_not_supported", "input")
+    for item in texts:
+        if not isinstance(item, str):
+            raise OpenAIError(400, "input holds something that is not a string", "invalid_input", "input")
+        if not item.strip():
+            raise OpenAIError(400, "input holds an empty string", "invalid_input", "input")
+        if not encodable(item):
+            raise OpenAIError(400, "input holds text that is not valid Unicode", "invalid_input", "input")
+        if len(item) > MAX_INPUT_CHARS:
+            raise OpenAIError(
+                400, f"an input is longer than {MAX_INPUT_CHARS} characters", "input_too_long", "input"
+            )
+    return texts
+
+
+def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:
+    """A vector as floats, or as base64 of its little-endian float32 bytes (the openai client's
+    default, decoded with ``numpy.frombuffer(..., dtype="<f4")``)."""
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]
