@@ -22,6 +22,7 @@ from ragidx.app import RagidxError, daemon_client
 from ragidx.app.catalog import (
     DEFAULT_CONTEXT_TOKENS,
     DEFAULT_MODEL,
+    DEFAULT_NEW_TOKENS,
     DEVICES,
     DTYPES,
     FILTER_HELP,
@@ -35,13 +36,14 @@ from ragidx.app.catalog import (
     SearchOptionSpec,
     default_model,
     flag_of,
+    flagged,
     install_packaged_model,
     ollama_model_rows,
     packaged_model_rows,
     parse_meta,
     strategy_rows,
 )
-from ragidx.indexer.wording import counted, page_label, shown
+from ragidx.indexer.wording import counted, page_label, printable_text, shown
 
 if TYPE_CHECKING:
     from ragidx.app import Role
@@ -362,6 +364,8 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         click.echo(f"  merged: {report.segments_merged}")
     if report.tuning:
         click.echo(report.tuning.describe())
+        if report.tuning.finding():
+            click.echo(f"note: {report.tuning.finding()}")
 
 
 def _print_skipped(skipped: Sequence[Any]) -> None:
@@ -483,8 +487,14 @@ class IndexRequest:
     strategy: str | None
     no_daemon: bool
 
-    def answer(self, request: dict[str, Any], local: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-        """The daemon's answer to ``request``, or ``local(index)`` on the index opened here."""
+    def answer(
+        self,
+        request: dict[str, Any],
+        local: Callable[[Any], dict[str, Any]],
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """The daemon's answer to ``request`` (``on_event`` gets what a streamed one sends on the
+        way), or ``local(index)`` on the index opened here."""
         answer = self._through_daemon(
             {
                 **request,
@@ -493,7 +503,8 @@ class IndexRequest:
                 "dtype": self.dtype,
                 "model": self.model,
                 "strategy": self.strategy,
-            }
+            },
+            on_event,
         )
         if answer is not None:
             return answer
@@ -501,11 +512,13 @@ class IndexRequest:
             index.check_compatible(self.model, self.strategy)
             return local(index)
 
-    def _through_daemon(self, request: dict[str, Any]) -> dict[str, Any] | None:
+    def _through_daemon(
+        self, request: dict[str, Any], on_event: Callable[[dict[str, Any]], None] | None
+    ) -> dict[str, Any] | None:
         if not daemon_client.wanted(self.no_daemon):
             return None
         try:
-            answer = daemon_client.ask(request)
+            answer = daemon_client.ask(request, on_event=on_event)
         except (daemon_client.DaemonUnavailable, OSError, ValueError):
             return None
         if "error" in answer:
@@ -582,7 +595,7 @@ def query(
         elif not found["passages"]:
             click.echo("no results", err=True)
         else:
-            click.echo(found["text"])
+            click.echo(printable_text(found["text"]))
         return
     answer = opened.answer(
         {"op": "search", "query": text, "options": given},
@@ -596,6 +609,103 @@ def query(
             click.echo(json.dumps(hit.to_dict(), ensure_ascii=False))
     else:
         _print_hits(hits)
+
+
+@cli.command()
+@click.argument("question")
+@_search_options
+@_index_option
+@_device_options
+@click.option(
+    "--llm",
+    default=None,
+    help="The model that answers: a packaged short name, .gguf file, model folder or ollama:NAME "
+    "(default: the index's model, when it is an instruct model); with --llm-url, the endpoint's model.",
+)
+@click.option(
+    "--llm-url",
+    default=None,
+    help="An OpenAI-compatible chat endpoint to answer instead (http://127.0.0.1:8080/v1 for llama.cpp, "
+    "http://127.0.0.1:11434/v1 for Ollama); key from env RAGIDX_LLM_API_KEY or OPENAI_API_KEY.",
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=DEFAULT_NEW_TOKENS,
+    show_default=True,
+    help="The longest answer, in tokens.",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=DEFAULT_CONTEXT_TOKENS,
+    show_default=True,
+    help="The most tokens the retrieved context may take.",
+)
+@click.option("--closed-book", is_flag=True, help="Ask the model alone, without retrieval (to compare).")
+@_no_daemon_option
+@click.option("--verbose", is_flag=True, help="Say which model answered and how long it took (stderr).")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer, its citations and passages as JSON.")
+def ask(
+    question: str,
+    index_dir: Path | None,
+    device: str,
+    dtype: str | None,
+    llm: str | None,
+    llm_url: str | None,
+    max_new_tokens: int,
+    max_tokens: int,
+    closed_book: bool,
+    no_daemon: bool,
+    verbose: bool,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Answer QUESTION from the index: the search's passages go to a chat model, which is asked to
+    cite them as [n]; the answer is printed as it is written, then the sources it cited.
+
+    The model is the index's own when it is an instruct model (smollm2 is), kept loaded by the
+    daemon for the next question; --llm names another, --llm-url a chat server.
+    """
+    given = _given_search_options(options)
+    directory = os.path.abspath(index_dir or api.default_index_dir())
+    settings = {
+        "llm": llm,
+        "llm_url": llm_url,
+        "max_new_tokens": max_new_tokens,
+        "max_tokens": max_tokens,
+        "closed_book": closed_book,
+        "relative_to": os.getcwd(),
+    }
+    stream = None if as_json else (lambda text: click.echo(printable_text(text), nl=False))
+    found = IndexRequest(directory, device, dtype, None, None, no_daemon).answer(
+        {"op": "ask", "query": question, "options": given, "ask": settings},
+        lambda index: {"answer": index.ask(question, **given, **settings, on_text=stream).to_dict()},
+        on_event=(lambda event: stream(event["text"])) if stream else None,
+    )["answer"]
+    if as_json:
+        _print_json(found)
+        return
+    click.echo()
+    if found["citations"]:
+        click.echo("\nSources:")
+    for cited in found["citations"]:
+        start, end = cited["span"]
+        place = " ".join(
+            filter(None, (f"{_display_path(cited['path'])}:{start}-{end}", page_label(cited["pages"])))
+        )
+        click.echo(f"[{cited['number']}] {place}  {printable_text(cited['title'])}")
+    if found["unknown_citations"]:
+        click.echo(f"warning: {flagged(found['unknown_citations'])}", err=True)
+    if verbose:
+        first = found["first_token_seconds"]
+        click.echo(
+            f"{found['model']}: first token after {first:.2f} s, {found['new_tokens']} new tokens in "
+            f"{found['seconds']:.2f} s, context {found['context_tokens']} tokens"
+            if first is not None
+            else f"{found['model']}: no answer in {found['seconds']:.2f} s",
+            err=True,
+        )
 
 
 def _print_hits(hits: list[Any]) -> None:
@@ -1165,6 +1275,8 @@ def check(index_dir: Path | None, repair: bool, device: str, as_json: bool) -> N
     help=f"Serve this model's embeddings without an index (/embed, /v1/embeddings). {MODEL_HELP}.",
 )
 @click.option("--strategy", default=None, help="With --model: the strategy (default: the model's).")
+@click.option("--llm", default=None, help="The model that answers POST /ask (as `ragidx ask --llm`).")
+@click.option("--llm-url", default=None, help="A chat endpoint that answers POST /ask (as `ragidx ask`).")
 def serve(
     index_dir: Path | None,
     device: str,
@@ -1178,9 +1290,12 @@ def serve(
     allowed_hosts: tuple[str, ...],
     model: str | None,
     strategy: str | None,
+    llm: str | None,
+    llm_url: str | None,
 ) -> None:
-    """Serve the index over HTTP: /search and /context (POST, or GET with ?q=...), /embed, OpenAI's
-    /v1/embeddings and /v1/models, /health, /info, and a search page at /. With --model and no
+    """Serve the index over HTTP: /search and /context (POST, or GET with ?q=...), /ask (an answer
+    with citations, streamed), /embed, OpenAI's /v1/embeddings and /v1/models, /health, /info, and a
+    search page at /. With --model and no
     --index: that model's embeddings alone, for applications that keep their own store.
 
     Only this machine can reach it by default (127.0.0.1, and only by its loopback names). To
@@ -1217,7 +1332,7 @@ def serve(
     address = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     guarded = f"; requests need the bearer token (the search page: {address}#token=TOKEN)" if token else ""
     click.echo(f"serving {what} on {address}{guarded}", err=True)
-    run(create_app(served, max_body_bytes, token=token, allowed_hosts=hosts), sock)
+    run(create_app(served, max_body_bytes, token=token, allowed_hosts=hosts, llm=llm, llm_url=llm_url), sock)
 
 
 def _read_token(path: Path, given: str | None) -> str:
@@ -1275,6 +1390,7 @@ def info(index_dir: Path | None, as_json: bool) -> None:
         _print_json(data)
         return
     params = data.pop("strategy_params", {})
+    finding = data.pop("tuning_finding", None)
     fusion = data.pop("fusion", None) or {"weights": "equal (never tuned)"}
     rows = [
         (key, json.dumps(value) if isinstance(value, dict | list) else str(value))
@@ -1291,6 +1407,8 @@ def info(index_dir: Path | None, as_json: bool) -> None:
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
+    if finding:
+        click.echo(f"note: {finding}")
 
 
 @cli.command()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ragidx.app.answering import DEFAULT_NEW_TOKENS, flagged
 from ragidx.indexer.model.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
 from ragidx.indexer.model.sources import install_packaged_model, ollama_model_rows, packaged_model_rows
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
@@ -21,6 +22,7 @@ from ragidx.indexer.strategies.options import OptionSpec, flag_of
 __all__ = [
     "DEFAULT_CONTEXT_TOKENS",
     "DEFAULT_MODEL",
+    "DEFAULT_NEW_TOKENS",
     "DEVICES",
     "DTYPES",
     "FILTER_HELP",
@@ -37,6 +39,7 @@ __all__ = [
     "SearchOptionSpec",
     "default_model",
     "flag_of",
+    "flagged",
     "install_packaged_model",
     "ollama_model_rows",
     "packaged_model_rows",

@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +100,10 @@ class Daemon:
         try:
             with connection:
                 request = _read_request(connection, time.monotonic() + REQUEST_SECONDS)
-                with _pulsing(connection):
-                    answer = self.answer(request)
-                connection.settimeout(ANSWER_SECONDS)
-                connection.sendall(json.dumps(answer, ensure_ascii=False).encode("utf-8"))
+                client = Client(connection)
+                with client.pulsing():
+                    answer = self.answer(request, client.event)
+                client.send(json.dumps(answer, ensure_ascii=False).encode("utf-8"))
         except TimeoutError:
             _log("a client sent no whole request (or took no answer) in time; its connection was closed")
         except OSError as error:  # BrokenPipeError, ConnectionResetError: the client went away
@@ -120,15 +120,18 @@ class Daemon:
             self.active += active
             self.served += served
 
-    def answer(self, request: Any) -> dict[str, Any]:
-        """The answer to one parsed request; errors are answers too (the client prints them)."""
+    def answer(
+        self, request: Any, event: Callable[[dict[str, Any]], None] = lambda found: None
+    ) -> dict[str, Any]:
+        """The answer to one parsed request; errors are answers too (the client prints them).
+        ``event``: sends the client what a streamed request (``ask``) yields on the way."""
         try:
             if not isinstance(request, dict):
                 raise RagidxError("a daemon request is a JSON object")
             if request.get("op") in ("status", "stop"):
                 return self.handle(request)
             with self.model:
-                return self.handle(request)
+                return self.handle(request, event)
         except RagidxError as error:
             return {"error": str(error)}
         except Exception as error:  # the client prints it; the daemon goes on serving
@@ -136,9 +139,11 @@ class Daemon:
         finally:
             self._count(served=1)
 
-    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One request: ``search``, ``context``, ``embed``, ``status`` or ``stop`` (the first three
-        holding the model's lock)."""
+    def handle(
+        self, request: dict[str, Any], event: Callable[[dict[str, Any]], None] = lambda found: None
+    ) -> dict[str, Any]:
+        """One request: ``search``, ``context``, ``ask`` (its answer streamed as ``{"text": ...}``
+        events), ``embed``, ``status`` or ``stop`` (all but the last two holding the model's lock)."""
         operation = request.get("op")
         if operation == "status":
             return self.status()
@@ -146,7 +151,7 @@ class Daemon:
             self.stopping = True
             self._withdraw()  # before answering: a client told "stopped" finds no socket
             return {"stopped": True, "pid": os.getpid()}
-        if operation not in ("search", "context", "embed"):
+        if operation not in ("search", "context", "ask", "embed"):
             raise RagidxError(f"unknown daemon request {operation!r}")
         key = (os.path.realpath(request["index"]), request.get("device", "auto"), request.get("dtype"))
         index = self.index(key)
@@ -159,6 +164,12 @@ class Daemon:
         elif operation == "context":
             context = index.context(request["query"], **options, **request.get("context", {}))
             answer = {"context": context.to_dict()}
+        elif operation == "ask":
+            asked = request.get("ask", {})
+            found = index.ask(
+                request["query"], **options, **asked, on_text=lambda text: event({"text": text})
+            )
+            answer = {"answer": found.to_dict()}
         else:
             answer = {"vectors": index.embed(request["texts"], request.get("role", "query")).tolist()}
         if key not in self.warm:
@@ -213,7 +224,13 @@ class Daemon:
             "requests": self.served,
             "idle_timeout_seconds": self.idle,
             "indexes": [
-                {"index": index, "device": device, "dtype": dtype} for index, device, dtype in list(self.open)
+                {
+                    "index": index,
+                    "device": device,
+                    "dtype": dtype,
+                    "answering": [name for name, _ in opened._generators],  # models kept to answer
+                }
+                for (index, device, dtype), opened in list(self.open.items())
             ],
         }
 
@@ -257,25 +274,48 @@ def _read_request(connection: socket.socket, deadline: float) -> Any:
         raise ValueError("a request is not JSON") from None
 
 
-@contextlib.contextmanager
-def _pulsing(connection: socket.socket) -> Iterator[None]:
-    """While the block runs, send the client a space every :data:`PULSE_SECONDS`; a client that
-    went away ends the pulse (its answer then fails to send, and is dropped)."""
-    done = threading.Event()
+class Client:
+    """A connected client: what is sent to it goes whole, one message at a time, within
+    :data:`ANSWER_SECONDS` (the pulse, a streamed request's events and the answer share it)."""
 
-    def pulse() -> None:
-        with contextlib.suppress(OSError):
-            while not done.wait(PULSE_SECONDS):
-                connection.settimeout(ANSWER_SECONDS)
-                connection.sendall(b" ")
+    def __init__(self, connection: socket.socket):
+        self.connection = connection
+        self.sending = threading.Lock()
+        self.gone = False
 
-    beat = threading.Thread(target=pulse, daemon=True)
-    beat.start()
-    try:
-        yield
-    finally:
-        done.set()
-        beat.join()
+    def send(self, data: bytes) -> None:
+        with self.sending:
+            self.connection.settimeout(ANSWER_SECONDS)
+            self.connection.sendall(data)
+
+    def event(self, found: dict[str, Any]) -> None:
+        """One line of a streamed answer; a client that went away stops getting them (the work
+        goes on, and its answer is dropped)."""
+        if self.gone:
+            return
+        try:
+            self.send(json.dumps(found, ensure_ascii=False).encode("utf-8") + b"\n")
+        except OSError:
+            self.gone = True
+
+    @contextlib.contextmanager
+    def pulsing(self) -> Iterator[None]:
+        """While the block runs, send a space every :data:`PULSE_SECONDS` (leading whitespace the
+        answer may start with); a client that went away ends the pulse."""
+        done = threading.Event()
+
+        def pulse() -> None:
+            with contextlib.suppress(OSError):
+                while not done.wait(PULSE_SECONDS):
+                    self.send(b" ")
+
+        beat = threading.Thread(target=pulse, daemon=True)
+        beat.start()
+        try:
+            yield
+        finally:
+            done.set()
+            beat.join()
 
 
 def _log(message: str) -> None:

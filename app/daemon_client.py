@@ -24,6 +24,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +129,12 @@ def idle_seconds() -> float:
     return seconds
 
 
-def ask(request: dict[str, Any], start: bool = True) -> dict[str, Any]:
+def ask(
+    request: dict[str, Any], start: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """Send ``request`` to this user's daemon and return its answer, starting a daemon first when
-    none answers (and ``start``); :class:`DaemonUnavailable` when none can be had."""
+    none answers (and ``start``); :class:`DaemonUnavailable` when none can be had. ``on_event``
+    gets each line a streamed request sends before its answer."""
     if start:
         idle_seconds()  # a setting the daemon would die of is refused here, in one line
     path = socket_path()
@@ -145,13 +149,28 @@ def ask(request: dict[str, Any], start: bool = True) -> dict[str, Any]:
     with connection:
         try:
             connection.sendall(json.dumps(request).encode() + b"\n")
-            answer = b"".join(iter(lambda: connection.recv(1 << 16), b"")).strip()
+            answer = _received(connection, on_event).strip()
         except TimeoutError:
             _abandon(path, listening)
             raise DaemonUnavailable(f"the daemon was silent for {SILENCE_SECONDS:.0f} s") from None
     if not answer:
         raise DaemonUnavailable("the daemon closed the connection without an answer")
     return json.loads(answer)
+
+
+def _received(connection: socket.socket, on_event: Callable[[dict[str, Any]], None] | None) -> bytes:
+    """Everything the daemon sends until it closes: each whole line (a streamed event) goes to
+    ``on_event`` as it comes; what is left after the last line is the answer."""
+    pending = bytearray()
+    for chunk in iter(lambda: connection.recv(1 << 16), b""):
+        pending += chunk
+        if on_event is not None and b"\n" in chunk:
+            *lines, rest = bytes(pending).split(b"\n")
+            pending = bytearray(rest)
+            for line in lines:
+                if line.strip():
+                    on_event(json.loads(line))
+    return bytes(pending)
 
 
 def _connect(path: Path) -> socket.socket | None:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages
+from ragidx.app.generation import ChatEndpoint, Generator, LocalGenerator
 from ragidx.indexer.build.maintenance import CheckReport, RemoveReport, check, remove
 from ragidx.indexer.build.pipeline import BuildReport, build
 from ragidx.indexer.build.settings import IndexSettings, build_options
@@ -49,6 +51,7 @@ class Index:
         self.trust_remote_code = trust_remote_code
         self._strategy: Strategy | None = strategy
         self._strategy_settings = self.settings.model_identity
+        self._generators: dict[tuple[str, int], LocalGenerator] = {}
         self.engine = SearchEngine(reader, lambda texts: self.embed(texts, "query"), device)
 
     @classmethod
@@ -212,6 +215,63 @@ class Index:
 
         return fit(query, merge_hits(hits, rows), count, max_tokens, name, relative_to)
 
+    def ask(
+        self,
+        question: str,
+        options: SearchOptions | None = None,
+        *,
+        llm: str | None = None,
+        llm_url: str | None = None,
+        max_new_tokens: int = DEFAULT_NEW_TOKENS,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        closed_book: bool = False,
+        on_text: Callable[[str], None] | None = None,
+        **given: Any,
+    ) -> Answer:
+        """An answer to ``question`` from the index's passages (``ragidx ask``): the search's
+        context (:meth:`context`, ``max_tokens`` of the answering model's tokenizer) given to a chat
+        model that is asked to cite ``[n]``; ``on_text`` gets each piece of the answer as it is
+        written. The model: ``llm`` (a model name ragidx loads; default the index's own, when it
+        has a chat template), or the OpenAI-compatible chat endpoint at ``llm_url`` (``llm`` then
+        names its model; the key comes from ``$RAGIDX_LLM_API_KEY`` or ``$OPENAI_API_KEY``).
+        ``closed_book``: no retrieval, the model alone (to measure what retrieval adds). A
+        loaded model is kept for the next question."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise RagidxError(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
+        generator = self.generator(llm, llm_url)
+        context = None
+        if not closed_book:
+            reads_with = generator.name if isinstance(generator, LocalGenerator) else None
+            own = reads_with == self.settings.model
+            tokenizer = None if own or reads_with is None else reads_with
+            context = self.context(question, options, max_tokens=max_tokens, tokenizer=tokenizer, **given)
+        generated = generator.generate(
+            messages(question, context), max_new_tokens, on_text or (lambda text: None)
+        )
+        return Answer.of(
+            question,
+            generated.text,
+            generator.name,
+            context,
+            new_tokens=generated.new_tokens,
+            first_token_seconds=generated.first_token_seconds,
+            seconds=generated.seconds,
+        )
+
+    def generator(self, llm: str | None = None, llm_url: str | None = None) -> Generator:
+        """The model that answers (see :meth:`ask`), loaded once: the index's own model is the
+        loaded one, under its causal-LM head, never a second copy."""
+        if llm_url:
+            return ChatEndpoint(llm_url, llm)
+        name = canonical_model_id(llm) if llm else self.settings.model
+        runtime = self.strategy.runtime if name == self.settings.model else None
+        key = (name, id(runtime))
+        if key not in self._generators:
+            self._generators = {
+                key: LocalGenerator(runtime) if runtime else LocalGenerator.load(name, self.device)
+            }  # one at a time: each holds a model
+        return self._generators[key]
+
     def _loaded(self) -> bool:
         """Whether the index's own model is loaded (its tokenizer is then at hand)."""
         return self._strategy is not None and self._strategy_settings == self.settings.model_identity
@@ -251,9 +311,12 @@ class Index:
 
     def info(self) -> dict[str, Any]:
         meta = {key: value for key, value in self.meta.items() if key != "segmented"}
+        tuned = meta.get("fusion")
+        finding = TuningReport.from_meta(tuned).finding() if tuned and tuned.get("weights") else None
         return {
             "index": str(self.reader.directory),
             **meta,
+            **({"tuning_finding": finding} if finding else {}),
             **self.reader.counts(),
             "segments": self.reader.vector_parts(),
             "bytes_on_disk": self.reader.bytes_on_disk(),

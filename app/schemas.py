@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
+from ragidx.app.answering import DEFAULT_NEW_TOKENS
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
 from ragidx.indexer.search.options import SEARCH_OPTION_SPECS, SEARCH_SPECS_BY_NAME, SearchOptionSpec
@@ -139,9 +140,15 @@ MaxTokens = Annotated[
     ),
 ]
 
+MAX_NEW_TOKENS = 4096
+NewTokens = Annotated[
+    int, Field(strict=True, ge=1, le=MAX_NEW_TOKENS, description="The longest answer, in tokens.")
+]
+
 if TYPE_CHECKING:
     SearchBody = BaseModel
     ContextBody = BaseModel
+    AskBody = BaseModel
 else:
     SearchBody = create_model(
         "SearchBody",
@@ -153,6 +160,13 @@ else:
     )
     ContextBody = create_model(
         "ContextBody", __base__=SearchBody, max_tokens=(MaxTokens, DEFAULT_CONTEXT_TOKENS)
+    )
+    AskBody = create_model(
+        "AskBody",
+        __base__=ContextBody,
+        max_new_tokens=(NewTokens, DEFAULT_NEW_TOKENS),
+        closed_book=(Annotated[bool, Field(strict=True)], False),
+        stream=(Annotated[bool, Field(strict=True)], True),
     )
 
 

@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import queue
 import socket
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -25,7 +26,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ragidx import __version__
@@ -36,6 +37,7 @@ from ragidx.app.openai_api import add_openai_routes, served_name
 from ragidx.app.retriever import Index, SearchOptions
 from ragidx.app.schemas import (
     DEFAULT_CONTEXT_TOKENS,
+    AskBody,
     ContextBody,
     EmbedBody,
     SearchBody,
@@ -168,9 +170,12 @@ def create_app(
     *,
     token: str | None = None,
     allowed_hosts: Sequence[str] | None = None,
+    llm: str | None = None,
+    llm_url: str | None = None,
 ) -> Callable[..., Awaitable[None]]:
     """The application serving an index, or a model without one (embeddings only); call
-    ``served.strategy`` first to load the model up front.
+    ``served.strategy`` first to load the model up front. ``llm`` and ``llm_url``: the model
+    that answers ``POST /ask`` (see :meth:`Index.ask`; a request cannot name another).
 
     ``allowed_hosts``: the ``Host`` headers answered (default: this machine's loopback names), so a
     web page cannot reach the server by a name it controls (DNS rebinding); ``["*"]`` answers
@@ -213,6 +218,7 @@ def create_app(
     add_openai_routes(app, model.embed, model.name, model.dimension, model.count_tokens, lock)
     if isinstance(served, Index):
         add_search_routes(app, served, lock)
+        add_ask_route(app, served, lock, llm, llm_url)
 
     guarded: Callable[..., Awaitable[None]] = BodyLimit(app, max_body_bytes)
     if token:
@@ -256,6 +262,38 @@ def add_search_routes(app: FastAPI, index: Index, lock: threading.Lock) -> None:
     @app.get("/context")
     def context_by_url(request: Request) -> dict[str, Any]:
         return context(*query_parameters(request.query_params, context=True))
+
+
+def add_ask_route(
+    app: FastAPI, index: Index, lock: threading.Lock, llm: str | None, llm_url: str | None
+) -> None:
+    """``POST /ask``: the search body plus ``max_tokens``, ``max_new_tokens`` and ``closed_book``;
+    streamed as JSON lines, ``{"text": ...}`` as the answer is written, then ``{"answer": ...}``
+    (``ragidx ask --json``'s object) or ``{"error": ...}``; ``"stream": false`` answers that object
+    alone."""
+
+    def answer(query: str, given: dict[str, Any], on_text: Callable[[str], None]) -> dict[str, Any]:
+        with lock:
+            return index.ask(query, llm=llm, llm_url=llm_url, on_text=on_text, **given).to_dict()
+
+    @app.post("/ask", response_model=None)
+    def ask(body: AskBody) -> dict[str, Any] | StreamingResponse:
+        query, given = search_options(body)
+        if not given.pop("stream", True):
+            return answer(query, given, lambda text: None)
+        events: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+
+        def run() -> None:
+            try:
+                events.put({"answer": answer(query, given, lambda text: events.put({"text": text}))})
+            except RagidxError as error:
+                events.put({"error": str(error)})
+            finally:
+                events.put(None)
+
+        threading.Thread(target=run, name="ragidx-ask", daemon=True).start()
+        lines = (json.dumps(event, ensure_ascii=False) + "\n" for event in iter(events.get, None))
+        return StreamingResponse(lines, media_type="application/x-ndjson")
 
 
 def is_loopback(host: str) -> bool:

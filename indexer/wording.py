@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 
 def counted(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless ``n`` is 1 (regular English plurals: add ``s``)."""
@@ -33,6 +35,14 @@ def shown(text: str) -> str:
     escaped = raw.decode("utf-8", "backslashreplace")
     return "".join(
         c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in escaped
+    )
+
+
+def printable_text(text: str) -> str:
+    """Document or model text safe for a terminal: control characters (an escape sequence a
+    document or a model wrote) are dropped, line breaks and tabs kept."""
+    return "".join(
+        c if c in "\n\t" or c.isprintable() else " " if unicodedata.category(c) == "Zs" else "" for c in text
     )
 
 

@@ -48,7 +48,8 @@ def test_answers_are_the_same_with_and_without_the_daemon(daemon_env, small_inde
     assert len(sockets(daemon_env)) == 1
     status = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)
     assert status["running"] and status["requests"] == 2  # the search and the embedding
-    assert status["indexes"] == [{"index": str(small_index.resolve()), "device": "auto", "dtype": None}]
+    held = {"index": str(small_index.resolve()), "device": "auto", "dtype": None, "answering": []}
+    assert status["indexes"] == [held]
     local = [ragidx(*search, "--no-daemon").stdout, ragidx(*embed, "--no-daemon").stdout]
     assert with_daemon == local and json.loads(local[0])[0]["explain"]
     human = ragidx("query", "refunds", "--index", small_index, "-k", "2", env=daemon_env).stdout

@@ -53,12 +53,17 @@ def test_minmax_fusion_against_a_hand_computed_example():
     assert dict(fused) == pytest.approx(expected)
 
 
-def test_a_list_weighted_zero_only_breaks_ties_and_fills_up():
+def test_a_list_weighted_zero_takes_no_part():
     dense = [(1, 0.9), (2, 0.8), (3, 0.7)]
     lexical = [(3, 5.0), (4, 4.0)]
     fused = Fusion(dense=0.0, lexical=1.0).fuse({"dense": dense, "lexical": lexical})
-    assert [item for item, _ in fused] == [3, 4, 1, 2]  # lexical unchanged, then dense-only in dense order
-    assert [score for _, score in fused] == pytest.approx([1 / 61, 1 / 62, 0.0, 0.0])
+    assert [item for item, _ in fused] == [3, 4]  # no zero-score dense items after them
+    assert [score for _, score in fused] == pytest.approx([1 / 61, 1 / 62])
+    assert Fusion(dense=0.0, lexical=1.0).searched() == ("lexical",)
+    assert Fusion(dense=2.0, lexical=0.0).searched() == ("dense",) and Fusion().searched() == (
+        "dense",
+        "lexical",
+    )
 
 
 @pytest.mark.parametrize(
@@ -92,9 +97,10 @@ def independent_fusion(
     w_lexical: float,
     method: str = "rrf",
 ) -> list[tuple[int, float]]:
-    """Σ w·part, the part 1/(60 + rank) (rrf) or (score - min)/(max - min) over the list (minmax),
-    ties by the equal-weight RRF sum and then by id: the formulas, written out."""
-    items = {i for i, _ in dense} | {i for i, _ in lexical}
+    """Σ w·part over the lists weighted above 0, the part 1/(60 + rank) (rrf) or (score - min)/(max -
+    min) over the list (minmax), ties by the equal-weight RRF sum and then by id: the formulas,
+    written out."""
+    items = ({i for i, _ in dense} if w_dense else set()) | ({i for i, _ in lexical} if w_lexical else set())
     d_rank = {i: r for r, (i, _) in enumerate(dense, start=1)}
     l_rank = {i: r for r, (i, _) in enumerate(lexical, start=1)}
 
@@ -114,7 +120,11 @@ def independent_fusion(
         return minmax(dense if name == "dense" else lexical, i)
 
     scored = [(i, w_dense * part("dense", i) + w_lexical * part("lexical", i)) for i in items]
-    return sorted(scored, key=lambda p: (-p[1], -(rrf(d_rank, p[0]) + rrf(l_rank, p[0])), p[0]))
+
+    def tie(i: int) -> float:  # equal-weight RRF over the lists taking part
+        return (rrf(d_rank, i) if w_dense else 0.0) + (rrf(l_rank, i) if w_lexical else 0.0)
+
+    return sorted(scored, key=lambda p: (-p[1], -tie(p[0]), p[0]))
 
 
 def independent_lexical(index: Index, words: list[str]) -> list[tuple[int, float]]:
@@ -169,9 +179,9 @@ def test_given_weights_match_an_independent_fusion(index, weights, method):
     fused = independent_fusion(dense, lexical, w_dense, w_lexical, method)[:8]
     assert [h.chunk_id for h in hits] == [i for i, _ in fused]
     assert [h.score for h in hits] == pytest.approx([s for _, s in fused])
-    if weights == {"lexical": 1.0}:  # the lexical order, then dense-only hits to fill k
+    if weights == {"lexical": 1.0}:  # the lexical order alone: the query is not even embedded
         lexical_hits = [h.chunk_id for h in index.search(query, k=8, mode="lexical")]
-        assert [h.chunk_id for h in hits][: len(lexical_hits)] == lexical_hits
+        assert [h.chunk_id for h in hits] == lexical_hits and all(h.dense_rank is None for h in hits)
 
 
 def test_weights_are_refused_outside_hybrid(index):

@@ -203,9 +203,10 @@ def test_an_open_index_follows_weights_stored_after_it_opened(tiny_models, tmp_p
             writer.update_meta(
                 {"fusion": {**writer.meta["fusion"], "weights": {"dense": 0.0, "lexical": 1.0}}}
             )
+        opened.engine.embed = lambda texts: pytest.fail("a query was embedded for a list weighted 0")
         hybrid = [h.chunk_id for h in opened.search(query, k=5)]
         lexical = [h.chunk_id for h in opened.search(query, k=5, mode="lexical")]
-        assert lexical and hybrid[: len(lexical)] == lexical  # then dense-only hits fill k
+        assert lexical and hybrid == lexical  # the vectors take no part: the query is not embedded
 
 
 def test_a_few_long_documents_are_tuned_on_their_chunks(tiny_models, tmp_path, corpus):
@@ -300,3 +301,18 @@ def test_cli_build_tune_info_and_query_weights(tiny_models, tmp_path, corpus):
     missing = tmp_path / "nothing"
     assert_one_line_error(ragidx("tune", "--index", missing, check=False), "no index at")
     assert not missing.exists()
+
+
+def test_a_tuning_that_switched_the_vectors_off_says_so_in_plain_words(tiny_models, tmp_path, corpus):
+    from ragidx.indexer.build.tuning import TuningReport
+
+    off = TuningReport(Fusion(0.0, 1.0), 100, 2.0, 500, ndcg={"dense": 0.2, "lexical": 0.6})
+    assert "the vectors added nothing over keyword search" in off.finding()
+    assert TuningReport(Fusion(0.5, 0.5), 100, 2.0, 500).finding() is None
+    assert TuningReport(Fusion(0.0, 1.0), 0, 0.1, 5, reason="too few").finding() is None
+    folder = tmp_path / "index"
+    build([corpus], options(tiny_models["llama"], folder))
+    with IndexWriter(folder) as writer:
+        writer.update_meta({"fusion": off.to_meta()})
+    shown = ragidx("info", "--index", folder).stdout
+    assert shown.rstrip().splitlines()[-1] == f"note: {off.finding()}"

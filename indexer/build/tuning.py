@@ -57,6 +57,7 @@ SEED = 0
 SCAN_FACTOR = 10  # chunks read per query wanted, at most (most chunks have a usable sentence)
 MIN_GAIN_Z = 2.0  # how clearly a weight must beat a simpler one (see choose_weight)
 RETUNE_CHANGE = 0.1  # an incremental build retunes once the chunk count moved this much
+NO_VECTORS_WEIGHT = 0.05  # a tuned dense weight at or below this: the vectors were switched off
 WORD = re.compile(r"\w+")
 Level = Literal["documents", "chunks"]  # what a pseudo-query's answer is
 
@@ -111,6 +112,17 @@ class TuningReport:
             dict(stored.get("grid", {})),
             str(stored.get("reason", "")),
             stored.get("answers", "documents"),
+        )
+
+    def finding(self) -> str | None:
+        """What the user should know of a tuning that switched the vectors (nearly) off, in plain
+        words; None otherwise."""
+        if self.reason or self.fusion.normalised().dense > NO_VECTORS_WEIGHT:
+            return None
+        return (
+            "on this corpus the vectors added nothing over keyword search, so hybrid search is keyword "
+            "search (queries are not embedded); a stronger embedding model may change that: `--model "
+            "minilm` (an encoder) or a larger decoder (docs/choosing.md)"
         )
 
     def describe(self) -> str:

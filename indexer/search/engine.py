@@ -16,7 +16,7 @@ import numpy as np
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import resolve_device
-from ragidx.indexer.search.fusion import Fusion
+from ragidx.indexer.search.fusion import LISTS, Fusion
 from ragidx.indexer.search.hits import Explanation, Hit, Listed
 from ragidx.indexer.search.options import SearchOptions, check_queries
 from ragidx.indexer.search.snippets import make_snippet, query_stems
@@ -75,29 +75,33 @@ class SearchEngine:
         """Each query's ``options.k`` best chunks (``app.Index.search`` documents the options);
         ``vectors``: the queries' embeddings where the caller has them."""
         check_queries(queries)
-        return self._in_snapshot(options.mode != "lexical", lambda: self._search(queries, options, vectors))
+        return self._in_snapshot(
+            lambda: "dense" in self._lists(options), lambda: self._search(queries, options, vectors)
+        )
 
     def rankings(self, queries: Sequence[str], depth: int, vectors: np.ndarray | None = None) -> list[Ranked]:
         """Each query's dense and lexical candidates (chunk id, score), best first: what hybrid
         search fuses. ``vectors``: the queries' embeddings, where the caller has them. For tuning."""
         return self._in_snapshot(
-            True, lambda: self._ranked_lists(queries, depth, "hybrid", Filters(), {}, vectors)
+            lambda: True, lambda: self._ranked_lists(queries, depth, LISTS, Filters(), {}, vectors)
         )
 
-    def _in_snapshot(self, needs_vectors: bool, read: Callable[[], Result]) -> Result:
+    def _in_snapshot(self, needs_vectors: Callable[[], bool], read: Callable[[], Result]) -> Result:
         """``read()`` inside one snapshot of the newest committed generation (retried if that
-        generation's vector file is replaced before it can be opened)."""
+        generation's vector file is replaced before it can be opened); ``needs_vectors()``, asked
+        once the snapshot's settings are read, says whether ``read`` searches the vectors."""
         try:
             return self._snapshot_read(needs_vectors, read)
         except sqlite3.DatabaseError as error:
             raise self.reader.failure(error) from error
 
-    def _snapshot_read(self, needs_vectors: bool, read: Callable[[], Result]) -> Result:
+    def _snapshot_read(self, needs_vectors: Callable[[], bool], read: Callable[[], Result]) -> Result:
         for _ in range(SNAPSHOT_ATTEMPTS):
             self._follow_file()
             with self.reader.snapshot():
                 self._reread_meta()
-                if needs_vectors and self._vectors is None:
+                dense = needs_vectors()
+                if dense and self._vectors is None:
                     self._vectors = self.reader.load_vectors(self._earlier)
                     if self._vectors is None:
                         continue  # this generation's file is already gone: a newer snapshot has its own
@@ -105,18 +109,26 @@ class SearchEngine:
                     if resolve_device(self.device) == "cuda":
                         self._vectors.use_gpu()
                 result = read()
-            if needs_vectors and self._overtaken():
+            if dense and self._overtaken():
                 continue  # a commit may have deleted rows of this generation while they were searched
             return result
         raise RagidxError("the index changed during every attempt to read it; try again")
 
+    def _fusion(self, options: SearchOptions) -> Fusion:
+        """The fusion a hybrid search uses: the index's tuned one, or what the options give."""
+        stored = Fusion.of_index(self.meta)
+        return replace(options.weights or stored, method=options.fusion or stored.method)
+
+    def _lists(self, options: SearchOptions) -> tuple[str, ...]:
+        """The lists a search reads: its mode's, or for hybrid those its fusion weighs above 0."""
+        return self._fusion(options).searched() if options.mode == "hybrid" else (options.mode,)
+
     def _search(
         self, queries: Sequence[str], options: SearchOptions, vectors: np.ndarray | None
     ) -> list[list[Hit]]:
-        stored = Fusion.of_index(self.meta)
-        fusion = replace(options.weights or stored, method=options.fusion or stored.method)
+        fusion = self._fusion(options)
         lists = self._ranked_lists(
-            queries, options.candidates, options.mode, options.filters, options.breadth, vectors
+            queries, options.candidates, self._lists(options), options.filters, options.breadth, vectors
         )
         results = []
         for query, ranked in zip(queries, lists, strict=True):
@@ -131,23 +143,24 @@ class SearchEngine:
         self,
         queries: Sequence[str],
         limit: int,
-        mode: str,
+        lists: Sequence[str],
         filters: Filters,
         tuning: dict[str, int | None],
         vectors: np.ndarray | None = None,
     ) -> list[Ranked]:
-        """Per query, the dense and lexical candidates the mode needs (the other list empty)."""
+        """Per query, the candidates of each of ``lists`` (a list not read is empty: a query is
+        embedded only where the dense list is read)."""
         allowed = self.reader.filtered_chunk_ids(filters) if filters else None
         if allowed is not None and not len(allowed):
             return [{"dense": [], "lexical": []} for _ in queries]
         dense = None
-        if mode != "lexical":
+        if "dense" in lists:
             vectors = self.embed(list(queries)) if vectors is None else vectors
             dense = self._dense_rankings(vectors, limit, allowed, tuning)
         return [
             {
                 "dense": dense[index] if dense is not None else [],
-                "lexical": self.reader.lexical_search(query, limit, filters) if mode != "dense" else [],
+                "lexical": self.reader.lexical_search(query, limit, filters) if "lexical" in lists else [],
             }
             for index, query in enumerate(queries)
         ]

@@ -54,22 +54,28 @@ class Fusion:
         return ",".join(f"{name}={weight:g}" for name, weight in self.weights().items())
 
     def fuse(self, rankings: Mapping[str, Ranking], k: int = RRF_K) -> list[tuple[int, float]]:
-        """Every item of every list, by the weighted sum of its parts (see the module), best first.
-
-        An item absent from a list gets nothing from it. Ties, including every item of a list
-        weighted 0, are broken by the equal-weight RRF value and then by id: with ``dense=0`` the
-        lexical ranking comes first, unchanged, followed by the dense-only items in dense order.
-        """
+        """Every item of every list weighted above 0, by the weighted sum of its parts (see the
+        module), best first. An item absent from a list gets nothing from it; a list weighted 0
+        takes no part at all (its items do not fill up the ranking with zero scores, and search
+        does not even read it: :meth:`searched`). Ties are broken by the equal-weight RRF value of
+        the lists taking part, then by id."""
         weights = self.weights()
         fused: dict[int, float] = {}
         equal: dict[int, float] = {}
         for name, ranking in rankings.items():
+            if not weights[name]:
+                continue
             parts = _min_max(ranking) if self.method == "minmax" else None
             for rank, (item, _) in enumerate(ranking, start=1):
                 part = parts[rank - 1] if parts is not None else 1.0 / (k + rank)
                 fused[item] = fused.get(item, 0.0) + weights[name] * part
                 equal[item] = equal.get(item, 0.0) + 1.0 / (k + rank)
         return sorted(fused.items(), key=lambda pair: (-pair[1], -equal[pair[0]], pair[0]))
+
+    def searched(self) -> tuple[str, ...]:
+        """The lists this fusion takes part from: a list weighted 0 need not be searched (with
+        ``dense=0`` a hybrid query is not embedded and costs what a lexical one costs)."""
+        return tuple(name for name, weight in self.weights().items() if weight)
 
     @classmethod
     def parse(cls, text: str) -> Fusion:
