@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
 LINE_SECONDS = float(os.environ.get("RAGIDX_PROGRESS_SECONDS", "30"))
+QUIET_SECONDS = 5.0  # at intervals below this, a line is printed only when the counts moved
 
 
 class ProgressLines:
     """The part of tqdm's interface a build uses, printing ``desc: n/total unit (share), postfix,
-    elapsed, ETA`` (with ``scale``, n and total are bytes, shown as ``12 kB of 40 kB``)."""
+    elapsed, ETA`` (with ``scale``, n and total are bytes, shown as ``12 kB of 40 kB``): a line as
+    it starts, one every ``interval`` seconds while it runs, even through a forward pass that takes
+    longer (a timer thread prints them), and a last one with the final counts."""
 
     def __init__(
         self,
@@ -31,42 +35,69 @@ class ProgressLines:
         self.total, self.desc, self.unit, self.file, self.interval = total, desc, unit, file, interval
         self.scale = scale
         self.n = 0.0
-        self.printed: float | None = None  # the count the last line showed
         self.postfix: dict[str, Any] = {}
+        self.printed: str | None = None  # the counts the last line showed
         self.started = self.last = time.perf_counter()
+        self.lock = threading.Lock()  # the counts, updated by the build's thread
+        self.printing = threading.Lock()  # a line at a time, from the build's thread or the timer
+        self.done = threading.Event()
+        self.timer = threading.Thread(target=self._tick, name="ragidx-progress", daemon=True)
 
     def __enter__(self) -> ProgressLines:
+        self._print()
+        self.timer.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.printed is not None and self.printed != self.n:  # lines were printed: say where it ended
+        self.done.set()
+        self.timer.join()
+        if self.printed != self._counts():  # the last line shows the final counts
             self._print()
 
     def update(self, n: float = 1) -> None:
-        self.n += n
+        with self.lock:
+            self.n += n
         self._maybe_print()
 
     def set_postfix(self, **values: Any) -> None:
-        self.postfix = values
+        with self.lock:
+            self.postfix = values
         self._maybe_print()
 
-    def _maybe_print(self) -> None:
-        if time.perf_counter() - self.last >= self.interval:
+    def _maybe_print(self, idle: bool = False) -> None:
+        """A line once ``interval`` has passed, if the counts moved (or, from the timer, at long
+        intervals even if not: a forward pass may take minutes)."""
+        if time.perf_counter() - self.last < self.interval:
+            return
+        if self.printed != self._counts() or (idle and self.interval >= QUIET_SECONDS):
             self._print()
 
+    def _tick(self) -> None:
+        while not self.done.wait(min(self.interval, 1.0) if self.interval > 0 else 0.05):
+            self._maybe_print(idle=True)
+
+    def _counts(self) -> str:
+        with self.lock:
+            details = "".join(f", {key.replace('_', '/')} {value}" for key, value in self.postfix.items())
+            if self.scale:
+                done = f"{_size(self.n)} of {_size(self.total)}"
+            else:
+                done = f"{self.n:.0f}/{self.total:.0f} {self.unit}"
+            share = f" ({self.n / self.total:.0%})" if self.total else ""
+            return f"{done}{share}{details}"
+
     def _print(self) -> None:
-        self.last, self.printed = time.perf_counter(), self.n
-        details = "".join(f", {key.replace('_', '/')} {value}" for key, value in self.postfix.items())
+        with self.printing:
+            self._print_line()
+
+    def _print_line(self) -> None:
+        counts = self._counts()
+        self.last, self.printed = time.perf_counter(), counts
         elapsed = self.last - self.started
-        if self.scale:
-            done = f"{_size(self.n)} of {_size(self.total)}"
-        else:
-            done = f"{self.n:.0f}/{self.total:.0f} {self.unit}"
-        share = f" ({self.n / self.total:.0%})" if self.total else ""
-        left = (
-            f", ETA {_duration(elapsed * (self.total - self.n) / self.n)}" if 0 < self.n < self.total else ""
-        )
-        print(f"{self.desc}: {done}{share}{details}, {elapsed:.0f} s{left}", file=self.file, flush=True)
+        with self.lock:
+            n = self.n
+        left = f", ETA {_duration(elapsed * (self.total - n) / n)}" if 0 < n < self.total else ""
+        print(f"{self.desc}: {counts}, {elapsed:.0f} s{left}", file=self.file, flush=True)
 
 
 def _size(count: float) -> str:

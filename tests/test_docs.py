@@ -145,3 +145,25 @@ def test_every_strategy_option_and_packaged_model_is_documented():
     ]
     missing += [row["name"] for row in packaged_model_rows() if f"`{row['name']}`" not in models]
     assert missing == []
+
+
+def test_the_site_builds_with_the_mkdocs_command_itself(tmp_path):
+    """`mkdocs build` as users type it (the console script, whose folder also holds `ragidx`'s), not
+    only `python -m mkdocs`: the API pages once failed there (docs/mkdocs_hooks.py says why)."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "mkdocs"
+    if not script.is_file():
+        pytest.skip("the docs extra is not installed: pip install -e '.[docs]'")
+    built = subprocess.run(
+        [str(script), "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert (tmp_path / "site" / "python-api" / "index.html").is_file()

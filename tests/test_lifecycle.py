@@ -80,12 +80,14 @@ def test_incremental_build_embeds_only_what_changed(workspace, tiny_models, tmp_
     corpus, index = workspace
     model = tiny_models["qwen2"]
     before = stored_vectors(index)
+    first = json.loads(ragidx("info", "--index", index, "--json").stdout)["strategy_notes"]
     (corpus / "faq" / "shipping.txt").write_text("Parcels ship within two days by bicycle courier.\n")
     (corpus / "notes" / "tides.md").unlink()
     (corpus / "notes" / "new-note.md").write_text("# Kites\n\nA kite flies because air pushes on it.\n")
     summary = build(corpus, index, model)
     assert (summary["new"], summary["updated"], summary["unchanged"], summary["removed"]) == (1, 1, 11, 1)
     assert summary["documents"] == 2 and summary["generation"] == 2
+    assert summary["strategy_notes"]["layer_source"] == first["layer_source"] != "--layers"  # not given
     after = stored_vectors(index)
     changed = {str(corpus / "faq" / "shipping.txt"), str(corpus / "notes" / "new-note.md")}
     for key, (chunk_id, vector) in after.items():
