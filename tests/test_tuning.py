@@ -19,6 +19,7 @@ from ragidx.indexer.build.tuning import (
     DENSE_WEIGHTS,
     MAX_WORDS,
     MIN_WORDS,
+    build_queries,
     choose_weight,
     pseudo_queries,
     tune,
@@ -186,8 +187,12 @@ def gain_at_10(fused, answer_of, query) -> float:
 
 def test_a_build_stores_the_tuned_weights_and_search_uses_them(index):
     stored = index.meta["fusion"]
-    assert stored["pseudo_queries"] == len(pseudo_queries(index.reader)) and not stored["reason"]
-    assert Fusion.of_index(index.meta) == tune(index.engine, lambda: index.strategy).fusion.normalised()
+    chunks = index.reader.counts()["chunks"]
+    afforded = build_queries(chunks)  # a fifth of the chunks, at least what tuning needs
+    assert afforded == max(20, chunks // 5) and build_queries(1000) == 100
+    assert stored["pseudo_queries"] == len(pseudo_queries(index.reader, afforded)) and not stored["reason"]
+    tuned = tune(index.engine, lambda: index.strategy, afforded)
+    assert Fusion.of_index(index.meta) == tuned.fusion.normalised()
     query = "how do I return a bicycle"
     explicit = index.search(query, k=10, weights=stored["weights"])
     assert [h.chunk_id for h in index.search(query, k=10)] == [h.chunk_id for h in explicit]
@@ -282,11 +287,20 @@ def test_incremental_builds_retune_only_after_a_large_change(tiny_models, tmp_pa
 
 def test_cli_build_tune_info_and_query_weights(tiny_models, tmp_path, corpus):
     folder = tmp_path / "index"
-    built = ragidx("build", corpus, "--model", tiny_models["llama"], "--index", folder)
-    summary = (
-        r"hybrid fusion (rrf|minmax), dense [\d.]+, lexical [\d.]+, tuned on \d+ pseudo-queries in [\d.]+ s"
+    built = ragidx(
+        "build",
+        corpus,
+        "--model",
+        tiny_models["llama"],
+        "--index",
+        folder,
+        env={"RAGIDX_PROGRESS_SECONDS": "0"},
     )
-    assert re.search(summary, built.stdout)
+    summary = (
+        r"hybrid fusion (rrf|minmax), dense [\d.]+, lexical [\d.]+, tuned on (\d+) pseudo-queries in [\d.]+ s"
+    )
+    queries = int(re.search(summary, built.stdout).group(2))
+    assert re.search(rf"^tuning: {2 * queries}/{2 * queries} texts \(100%\), \d+ s$", built.stderr, re.M)
     tuned = json.loads(ragidx("tune", "--index", folder, "--json", "--queries", "30").stdout)
     assert tuned["pseudo_queries"] == 30 and sum(tuned["weights"].values()) == pytest.approx(1)
     with Index.open(folder, device="cpu") as opened:

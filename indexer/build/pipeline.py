@@ -17,7 +17,7 @@ from ragidx.indexer.build.distributed import WorkerSpec, connect, embed_document
 from ragidx.indexer.build.embedding import Embedded, embed_records, read_record
 from ragidx.indexer.build.maintenance import reembed
 from ragidx.indexer.build.settings import BuildOptions, IndexSettings, resolve
-from ragidx.indexer.build.tuning import TuningReport, needs_tuning, tune_and_store
+from ragidx.indexer.build.tuning import TuningReport, build_queries, needs_tuning, tune_and_store
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.changes import ChangePlan, plan_changes
@@ -247,9 +247,10 @@ def _tune(options: BuildOptions, writer: IndexWriter, strategy: Strategy, fresh:
         if fresh:
             writer.update_meta({"fusion": None})
         return None
-    if not (fresh or needs_tuning(writer.meta, writer.counts()["chunks"])):
+    chunks = writer.counts()["chunks"]
+    if not (fresh or needs_tuning(writer.meta, chunks)):
         return None
-    return tune_and_store(writer, strategy, device=options.device)
+    return tune_and_store(writer, strategy, build_queries(chunks), options.device, options.progress)
 
 
 def _report(

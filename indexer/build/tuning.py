@@ -36,6 +36,7 @@ import numpy as np
 
 from ragidx.indexer.build.settings import IndexSettings
 from ragidx.indexer.ingest.chunking import Span
+from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.search.engine import Ranked, SearchEngine
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.reader import IndexReader
@@ -45,6 +46,11 @@ if TYPE_CHECKING:
     from ragidx.indexer.strategies import Strategy
 
 DEFAULT_QUERIES = 100  # each costs one query and one document embedding
+# A build tunes on at most this share of its index's chunks in pseudo-queries: each costs about
+# one chunk's embedding (its remainder, and the short query), so tuning takes about this share of
+# what embedding the index took, searches included (0.22-0.23 measured; 100 pseudo-queries took
+# half of it on 218 chunks, and as long as embedding on smaller corpora: docs/hybrid-search.md).
+BUILD_SHARE = 0.2
 # Below these, pseudo-queries measure too little (a handful of answers to choose from, or too
 # few queries) and equal weights are kept.
 MIN_ANSWERS = 50  # documents in the index, else chunks
@@ -209,13 +215,23 @@ def answer_level(counts: Mapping[str, int]) -> Level | None:
     return "chunks" if counts["chunks"] >= MIN_ANSWERS else None
 
 
+def build_queries(chunks: int) -> int:
+    """How many pseudo-queries a build tunes its index of ``chunks`` on (see :data:`BUILD_SHARE`),
+    never fewer than tuning needs (an index of 50 to 80 chunks spends a little more)."""
+    return min(DEFAULT_QUERIES, max(MIN_QUERIES, int(BUILD_SHARE * chunks)))
+
+
 def tune(
-    engine: SearchEngine, strategy: Callable[[], Strategy], limit: int = DEFAULT_QUERIES
+    engine: SearchEngine,
+    strategy: Callable[[], Strategy],
+    limit: int = DEFAULT_QUERIES,
+    progress: bool = False,
 ) -> TuningReport:
     """Score every weight of the grid on the index's pseudo-queries and keep the best (see
     :func:`choose_weight`). An index of fewer than ``MIN_ANSWERS`` documents and chunks, or one
-    that yields fewer than ``MIN_QUERIES`` pseudo-queries, keeps equal weights. ``strategy`` gives
-    the index's strategy, called only when there is enough to tune on (it may load the model)."""
+    that yields fewer than ``MIN_QUERIES`` pseudo-queries, keeps equal weights.
+    ``strategy`` gives the index's strategy, called only when there is enough to tune on (it may
+    load the model); ``progress`` shows the pseudo-queries embedded so far."""
     started = time.perf_counter()
     counts = engine.reader.counts()
     level = answer_level(counts)
@@ -238,7 +254,7 @@ def tune(
         return untuned(
             f"too little text for pseudo-queries ({len(queries)} from {answers} {level})", len(queries)
         )
-    rankings = _rankings(engine, strategy(), queries)
+    rankings = _rankings(engine, strategy(), queries, progress)
     ids = sorted({chunk for lists in rankings for ranking in lists.values() for chunk, _ in ranking})
     documents = engine.reader.document_ids(ids)
     answer_ids = documents if level == "documents" else {chunk: chunk for chunk in documents}
@@ -298,14 +314,20 @@ def _clearly_better(scores: np.ndarray, than: np.ndarray) -> bool:
     return bool(gain.mean() > MIN_GAIN_Z * error)
 
 
-def _rankings(engine: SearchEngine, strategy: Strategy, queries: Sequence[PseudoQuery]) -> list[Ranked]:
+def _rankings(
+    engine: SearchEngine, strategy: Strategy, queries: Sequence[PseudoQuery], progress: bool = False
+) -> list[Ranked]:
     """Both lists with each query's chunk replaced by its remainder (see the module docstring);
     the remainder's BM25 comes from the index's own tokenizer and statistics, nothing committed."""
     texts = [q.text for q in queries]
-    vectors = strategy.encode(texts, "query")
-    remainders = strategy.encode(
-        [q.remainder for q in queries], "document", sentences=[q.remainder_sentences for q in queries]
-    )
+    with progress_bar(2 * len(queries), "tuning", "texts", progress) as bar:
+        vectors = strategy.encode(texts, "query", lambda rows, tokens: bar.update(rows))
+        remainders = strategy.encode(
+            [q.remainder for q in queries],
+            "document",
+            lambda rows, tokens: bar.update(rows),
+            sentences=[q.remainder_sentences for q in queries],
+        )
     # One more than kept: the query's own chunk, if found, leaves as its remainder comes in.
     rankings = engine.rankings(texts, DEPTH + 2, vectors)
     for query, lists, vector, remainder in zip(queries, rankings, vectors, remainders, strict=True):
@@ -329,7 +351,11 @@ def needs_tuning(meta: Mapping[str, Any], chunks: int) -> bool:
 
 
 def tune_and_store(
-    writer: IndexWriter, strategy: Strategy | None = None, limit: int = DEFAULT_QUERIES, device: str = "auto"
+    writer: IndexWriter,
+    strategy: Strategy | None = None,
+    limit: int = DEFAULT_QUERIES,
+    device: str = "auto",
+    progress: bool = False,
 ) -> TuningReport:
     """Tune the index ``writer`` holds (its committed generation) and store the weights in its meta.
 
@@ -343,7 +369,7 @@ def tune_and_store(
 
     try:
         engine = SearchEngine(reader, lambda texts: index_strategy().encode(list(texts), "query"), device)
-        report = tune(engine, index_strategy, limit)
+        report = tune(engine, index_strategy, limit, progress)
     finally:
         reader.close()
     writer.update_meta({"fusion": report.to_meta()})

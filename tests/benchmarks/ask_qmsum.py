@@ -83,7 +83,12 @@ def main() -> None:
         : args.questions
     ]
 
-    folder = Path(tempfile.mkdtemp(prefix="qmsum-ask-"))
+    # Beside a reused index, the same folder every time: a build drops only documents under its paths.
+    folder = args.index.with_name(args.index.name + "-meetings") if args.index else None
+    folder = folder or Path(tempfile.mkdtemp(prefix="qmsum-ask-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in set(folder.glob("*.txt")) - {folder / f"{meeting}.txt" for meeting in meetings}:
+        stale.unlink()
     for meeting in meetings:
         (folder / f"{meeting}.txt").write_text(corpus[meeting]["text"], encoding="utf-8")
     index_dir = args.index or folder / "index"
