@@ -192,7 +192,7 @@ def query_parameters(
     for kind in FILTER_KINDS:
         values = params.getlist(kind) if hasattr(params, "getlist") else [params[kind]] * (kind in params)
         if values:
-            filters[kind] = parse_meta(values) if kind == "meta" else values
+            filters[kind] = parse_meta(values, "meta=") if kind == "meta" else values
     if filters:
         given["filters"] = filters
     for name, spec in SEARCH_SPECS_BY_NAME.items():

@@ -19,9 +19,10 @@ QUIET_SECONDS = 5.0  # at intervals below this, a line is printed only when the 
 
 class ProgressLines:
     """The part of tqdm's interface a build uses, printing ``desc: n/total unit (share), postfix,
-    elapsed, ETA`` (with ``scale``, n and total are bytes, shown as ``12 kB of 40 kB``): a line as
-    it starts, one every ``interval`` seconds while it runs, even through a forward pass that takes
-    longer (a timer thread prints them), and a last one with the final counts."""
+    elapsed, ETA`` (with ``scale``, n and total are bytes, shown as ``12 kB of 40 kB``): a line
+    every ``interval`` seconds while it runs, even through a forward pass that takes longer (a
+    timer thread prints them), and, if any was printed, a last one with the final counts (a step
+    shorter than ``interval`` prints nothing)."""
 
     def __init__(
         self,
@@ -44,14 +45,13 @@ class ProgressLines:
         self.timer = threading.Thread(target=self._tick, name="ragidx-progress", daemon=True)
 
     def __enter__(self) -> ProgressLines:
-        self._print()
         self.timer.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.done.set()
         self.timer.join()
-        if self.printed != self._counts():  # the last line shows the final counts
+        if self.printed is not None and self.printed != self._counts():  # the last line: final counts
             self._print()
 
     def update(self, n: float = 1) -> None:
@@ -70,7 +70,7 @@ class ProgressLines:
         if time.perf_counter() - self.last < self.interval:
             return
         if self.printed != self._counts() or (idle and self.interval >= QUIET_SECONDS):
-            self._print()
+            self._print()  # (the first line comes after one interval, counts moved or not)
 
     def _tick(self) -> None:
         while not self.done.wait(min(self.interval, 1.0) if self.interval > 0 else 0.05):

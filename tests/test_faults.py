@@ -191,7 +191,6 @@ def test_a_long_build_off_a_terminal_prints_progress_lines(tmp_path, tiny_models
     assert len(lines) >= 3 and shares == sorted(shares) and shares[-1] == 100, result.stderr
     assert chunks == sorted(chunks) and len(set(chunks)) >= 3  # moves with every forward, not per document
     assert re.match(r"embedding: \d+ kB of \d+ kB \(100%\), chunks \d+, tok/s \d+, \d+ s$", lines[-1])
-    assert re.match(r"embedding: 0 kB of \d+ kB \(0%\), 0 s$", lines[0])  # at once, before any forward
     summary = int(re.search(r"as (\d+) chunks", result.stdout).group(1))
     assert chunks[-1] == summary  # the last line shows the final count, as the summary does
     assert "\r" not in result.stderr
@@ -212,6 +211,5 @@ def test_progress_lines_keep_coming_through_a_long_forward_pass(monkeypatch):
         bar.update(1000)
         bar.set_postfix(chunks=7)
     lines = out.getvalue().splitlines()
-    assert lines[0] == "embedding: 0 kB of 1 kB (0%), 0 s"
     assert len([line for line in lines if line.startswith("embedding: 0 kB of 1 kB (0%)")]) >= 3
     assert re.match(r"embedding: 1 kB of 1 kB \(100%\), chunks 7, \d+ s$", lines[-1])

@@ -170,7 +170,7 @@ def test_search_and_context_by_get_and_post(served):
         ({"q": "x", "colour": "red"}, "unknown parameter 'colour'"),
         ({"k": "3"}, "q: give the query"),
         ({"q": "x", "max_tokens": "9"}, "unknown parameter 'max_tokens'"),
-        ({"q": "x", "meta": "novalue"}, "a metadata filter is KEY=VALUE"),
+        ({"q": "x", "meta": "novalue"}, "meta= expects KEY=VALUE"),
     ):
         refused = httpx.get(f"{url}/search", params=params, headers=auth)
         assert refused.status_code == 422 and message in refused.json()["detail"], refused.text

@@ -21,14 +21,14 @@ META_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$")
 FILTER_KINDS = ("path", "ext", "meta")
 
 
-def parse_meta(pairs: Sequence[str]) -> dict[str, list[str]]:
-    """``KEY=VALUE`` metadata filters (``--meta``, a URL's ``meta=``) as the filter takes them; a
-    key given twice accepts either value."""
+def parse_meta(pairs: Sequence[str], given_as: str = "--meta") -> dict[str, list[str]]:
+    """``KEY=VALUE`` metadata filters (``--meta``, a URL's ``meta=``: ``given_as`` names it in an
+    error) as the filter takes them; a key given twice accepts either value."""
     meta: dict[str, list[str]] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise RagidxError(f"a metadata filter is KEY=VALUE, got {excerpt(pair)}")
+            raise RagidxError(f"{given_as} expects KEY=VALUE, got {excerpt(pair)}")
         meta.setdefault(key.strip(), []).append(value)
     return meta
 
