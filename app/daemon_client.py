@@ -33,6 +33,7 @@ from ragidx.indexer.errors import RagidxError
 
 DISABLE_VARIABLE = "RAGIDX_NO_DAEMON"  # set (to anything but 0) to never use a daemon
 IDLE_VARIABLE = "RAGIDX_DAEMON_IDLE"  # seconds a daemon waits for work before it exits
+SILENCE_VARIABLE = "RAGIDX_DAEMON_SILENCE"  # seconds a client waits on a daemon that sends nothing
 DEFAULT_IDLE_SECONDS = 600
 MAX_FOLDER_BYTES = 80  # leaves room for the socket's own name within AF_UNIX's 107 bytes
 START_SECONDS = 60.0  # for a new daemon to listen (it binds before importing the model stack)
@@ -41,7 +42,14 @@ START_SECONDS = 60.0  # for a new daemon to listen (it binds before importing th
 SILENCE_SECONDS = 15.0
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
 FINGERPRINTED_PREFIXES = ("RAGIDX_", "HF_", "TRANSFORMERS_", "OMP_", "MKL_", "CUDA_", "TORCH_", "PYTORCH_")
-UNFINGERPRINTED = {DISABLE_VARIABLE, IDLE_VARIABLE, "RAGIDX_INDEX", "RAGIDX_MODEL", "RAGIDX_DEBUG"}
+UNFINGERPRINTED = {
+    DISABLE_VARIABLE,
+    IDLE_VARIABLE,
+    SILENCE_VARIABLE,
+    "RAGIDX_INDEX",
+    "RAGIDX_MODEL",
+    "RAGIDX_DEBUG",
+}
 
 
 class DaemonUnavailable(Exception):
@@ -111,11 +119,23 @@ def socket_path() -> Path:
 
 
 def idle_seconds() -> float:
-    """How long a daemon waits for work before it exits: ``$RAGIDX_DAEMON_IDLE`` in seconds, or
-    with a unit (``90s``, ``10m``, ``1h``); a value that is not a positive duration is refused."""
-    given = os.environ.get(IDLE_VARIABLE, "").strip()
+    """How long a daemon waits for work before it exits: ``$RAGIDX_DAEMON_IDLE`` (see
+    :func:`duration`), 10 minutes unless set."""
+    return duration(IDLE_VARIABLE, DEFAULT_IDLE_SECONDS)
+
+
+def silence_seconds() -> float:
+    """How long a client waits on a daemon that sends nothing (a hung one) before it answers in
+    its own process: ``$RAGIDX_DAEMON_SILENCE`` (see :func:`duration`), 15 s unless set."""
+    return duration(SILENCE_VARIABLE, SILENCE_SECONDS)
+
+
+def duration(variable: str, default: float) -> float:
+    """The environment ``variable`` in seconds, or with a unit (``90s``, ``10m``, ``1h``); a value
+    that is not a positive duration is refused in one line."""
+    given = os.environ.get(variable, "").strip()
     if not given:
-        return float(DEFAULT_IDLE_SECONDS)
+        return float(default)
     number, unit = (given[:-1], given[-1]) if given[-1:].lower() in DURATION_UNITS else (given, "s")
     try:
         seconds = float(number) * DURATION_UNITS[unit.lower()]
@@ -123,8 +143,7 @@ def idle_seconds() -> float:
         seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):
         raise RagidxError(
-            f"{IDLE_VARIABLE}={given!r} is not a duration: "
-            "give seconds (600) or a number with s, m or h (10m)"
+            f"{variable}={given!r} is not a duration: give seconds (600) or a number with s, m or h (10m)"
         )
     return seconds
 
@@ -137,12 +156,13 @@ def ask(
     gets each line a streamed request sends before its answer."""
     if start:
         idle_seconds()  # a setting the daemon would die of is refused here, in one line
+    silence = silence_seconds()
     path = socket_path()
-    connection = _connect(path)
+    connection = _connect(path, silence)
     if connection is None:
         if not start:
             raise NoDaemonRunning("no daemon is running")
-        connection = _start(path)
+        connection = _start(path, silence)
     listening = None
     with contextlib.suppress(OSError):
         listening = path.stat().st_ino  # the socket file connected to (a newer one may replace it)
@@ -152,7 +172,7 @@ def ask(
             answer = _received(connection, on_event).strip()
         except TimeoutError:
             _abandon(path, listening)
-            raise DaemonUnavailable(f"the daemon was silent for {SILENCE_SECONDS:.0f} s") from None
+            raise DaemonUnavailable(f"the daemon was silent for {silence:g} s") from None
     if not answer:
         raise DaemonUnavailable("the daemon closed the connection without an answer")
     return json.loads(answer)
@@ -173,11 +193,11 @@ def _received(connection: socket.socket, on_event: Callable[[dict[str, Any]], No
     return bytes(pending)
 
 
-def _connect(path: Path) -> socket.socket | None:
+def _connect(path: Path, silence: float) -> socket.socket | None:
     """A connection to the daemon at ``path``, or None where none listens (a socket file left
-    by a daemon that died is removed)."""
+    by a daemon that died is removed); ``silence`` bounds the connection and each read after it."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.settimeout(SILENCE_SECONDS)  # for the connection, then for each read of the answer
+    connection.settimeout(silence)
     try:
         connection.connect(str(path))
     except (FileNotFoundError, TimeoutError):  # none there, or one that accepts nobody (hung)
@@ -200,12 +220,12 @@ def _abandon(path: Path, inode: int | None) -> None:
             path.unlink()
 
 
-def _start(path: Path) -> socket.socket:
+def _start(path: Path, silence: float) -> socket.socket:
     """Start a daemon for ``path`` (one at a time: two clients starting at once share it) and
     connect to it as soon as it listens."""
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        connection = _connect(path)
+        connection = _connect(path, silence)
         if connection is not None:  # another client started it meanwhile
             return connection
         log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the daemon
@@ -224,7 +244,7 @@ def _start(path: Path) -> socket.socket:
         log.close()
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline and child.poll() is None:
-            connection = _connect(path)
+            connection = _connect(path, silence)
             if connection is not None:
                 return connection
             time.sleep(0.02)

@@ -113,8 +113,10 @@ def test_context_from_the_command_line_and_through_the_daemon(index, daemon_env)
         expected = opened.context("why are there two tides a day", max_tokens=150, relative_to=os.getcwd())
     assert found == expected.to_dict() and printed == expected.text + "\n"
     assert found["tokenizer"] == expected.tokenizer and found["passages"]
-    other = json.loads(ragidx(*args, "--json", "--tokenizer", Index.open(index).settings.model).stdout)
-    assert other == found
+    with Index.open(index) as opened:  # the index's tokenizer by name: the same budget, counted alike
+        question, model = "why are there two tides a day", opened.settings.model
+        named = opened.context(question, max_tokens=150, tokenizer=model, relative_to=os.getcwd())
+        assert named.to_dict() == expected.to_dict()
     assert_one_line_error(ragidx(*args, "--jsonl", check=False), "--context prints one context: use --json")
 
 

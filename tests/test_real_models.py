@@ -48,11 +48,12 @@ BFLOAT16_CHECKED_TOKENS = 1200  # the first chunks up to this many tokens are em
 STS_PAIRS = 100  # the first STS-B dev pairs (the suite has a time budget)
 PROMPTEOL_STS_FLOOR = 60.0  # Spearman x 100 on them; the same architecture with random weights: ~0
 # Every strategy runs on SmolLM2. On Gemma 3 (slower, and the suite has a time budget) one strategy
-# per mechanism runs: prompt readout, token prepending with its sink, KV re-routing, value
-# aggregation, contrastive hidden-state edits, and mean pooling. Left out there: the other prompt
-# variants (last, cot, knowledge), echo, and wva/va (aligned-wva without its alignment or weights).
+# per mechanism runs: prompt readout, token prepending with its sink (htp; tp, one <PST> for the
+# whole text, is the same subclass and rewiring with one block), KV re-routing, value aggregation,
+# contrastive hidden-state edits, and mean pooling. Left out there: the other prompt variants
+# (last, cot, knowledge), echo, tp, and wva/va (aligned-wva without its alignment or weights).
 PROBED_CHUNKS = 2  # per document (but for the default strategy): its opening carries its subject
-GEMMA_STRATEGIES = {"prompteol", "htp", "tp", "kv-embedding", "aligned-wva", "cp", "mean"}
+GEMMA_STRATEGIES = {"prompteol", "htp", "kv-embedding", "aligned-wva", "cp", "mean"}
 
 
 def installed(name: str) -> str:
