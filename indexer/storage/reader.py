@@ -285,10 +285,10 @@ def hold_file(path: Path) -> int | None:
     """A read-only descriptor of the regular file at ``path`` (None where there is none). Held
     open, the file's inode cannot be reused, so comparing it with the path later is exact."""
     try:
-        held = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        held = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
-    except OSError as error:  # a link, or no permission: one line, as for the database itself
+    except OSError as error:  # no permission, say: one line, as for the database itself
         raise RagidxError(f"cannot open {path}: {error.strerror or error}") from None
     if not stat.S_ISREG(os.fstat(held).st_mode):
         os.close(held)
