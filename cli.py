@@ -467,6 +467,17 @@ def _given_search_options(options: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
+def _context_budget_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--max-tokens``: the budget of a prompt's context (``query --context``, ``ask``)."""
+    return click.option(
+        "--max-tokens",
+        type=click.IntRange(min=1),
+        default=DEFAULT_CONTEXT_TOKENS,
+        show_default=True,
+        help=help,
+    )
+
+
 _no_daemon_option = click.option(
     "--no-daemon",
     is_flag=True,
@@ -541,13 +552,7 @@ class IndexRequest:
     help="Print the hits as context for a prompt: passages merged per document, numbered [1]... "
     "for citation, within --max-tokens.",
 )
-@click.option(
-    "--max-tokens",
-    type=click.IntRange(min=1),
-    default=DEFAULT_CONTEXT_TOKENS,
-    show_default=True,
-    help="With --context: the most tokens the context may take.",
-)
+@_context_budget_option("With --context: the most tokens the context may take.")
 @click.option(
     "--tokenizer",
     default=None,
@@ -635,13 +640,7 @@ def query(
     show_default=True,
     help="The longest answer, in tokens.",
 )
-@click.option(
-    "--max-tokens",
-    type=click.IntRange(min=1),
-    default=DEFAULT_CONTEXT_TOKENS,
-    show_default=True,
-    help="The most tokens the retrieved context may take.",
-)
+@_context_budget_option("The most tokens the retrieved context may take.")
 @click.option("--closed-book", is_flag=True, help="Ask the model alone, without retrieval (to compare).")
 @_no_daemon_option
 @click.option("--verbose", is_flag=True, help="Say which model answered and how long it took (stderr).")
