@@ -69,6 +69,7 @@ class Daemon:
         self.clients = threading.BoundedSemaphore(MAX_CLIENTS)
         self.counting = threading.Lock()  # for the two counts, kept by every connection's thread
         self.active = 0  # connections being served
+        self.answering: set[threading.Thread] = set()  # connections whose request has arrived
         self.last_seen = time.monotonic()  # of the last request's end
         self.cold: dict[IndexKey, int] = {}  # index -> warm-up calls left
         self.warm: set[IndexKey] = set()
@@ -100,6 +101,8 @@ class Daemon:
         try:
             with connection:
                 request = _read_request(connection, time.monotonic() + REQUEST_SECONDS)
+                with self.counting:
+                    self.answering.add(threading.current_thread())
                 client = Client(connection)
                 with client.pulsing():
                     answer = self.answer(request, client.event)
@@ -111,6 +114,8 @@ class Daemon:
         except ValueError as error:
             _log(f"a request was refused: {error}")
         finally:
+            with self.counting:
+                self.answering.discard(threading.current_thread())
             self.last_seen = time.monotonic()
             self._count(active=-1)
             self.clients.release()
@@ -243,11 +248,17 @@ class Daemon:
             pass
 
     def close(self) -> None:
-        """Stop listening; close the indexes once the request in flight is answered (or after
-        :data:`STOP_SECONDS`, when the process exits anyway)."""
+        """Stop listening; close the indexes once every request that arrived (the ``stop``
+        itself among them) is answered, or after :data:`STOP_SECONDS`, when the process exits
+        anyway. Connections still sending their request are not waited for."""
         self.listener.close()
         self._withdraw()
-        if self.model.acquire(timeout=STOP_SECONDS):
+        deadline = time.monotonic() + STOP_SECONDS
+        with self.counting:
+            arrived = list(self.answering)
+        for thread in arrived:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self.model.acquire(timeout=max(0.0, deadline - time.monotonic())):
             for index in self.open.values():
                 index.close()
 

@@ -21,7 +21,7 @@ from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 from test_daemon import _alive, daemon_env, sockets
 
 from ragidx.app import Index, RagidxError, daemon_client
-from ragidx.app.daemon import REQUEST_SECONDS
+from ragidx.app.daemon import REQUEST_SECONDS, Client, Daemon
 
 daemon_env = daemon_env  # the fixture, used by the tests below
 QUERY = "how does it work and what should I know"
@@ -181,6 +181,27 @@ def test_no_client_can_stop_or_hold_up_the_daemon(daemon_env, corpora, tmp_path)
     stalled.close()
     log = path.with_suffix(".log").read_text()
     assert "went away before its answer" in log and "no whole request" in log
+
+
+def test_a_stopping_daemon_answers_before_it_ends(tmp_path, monkeypatch):
+    """The stop's own answer (here slow to send) goes out before run() returns, after which the
+    process exits and would take an unsent answer with it."""
+    slow_send = Client.send
+
+    def send(client: Client, data: bytes) -> None:
+        if data.strip():
+            time.sleep(0.5)
+        slow_send(client, data)
+
+    monkeypatch.setattr(Client, "send", send)
+    daemon = Daemon(tmp_path / "d.sock", idle=60)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.connect(str(tmp_path / "d.sock"))
+        client.sendall(b'{"op": "stop"}\n')
+        daemon.run()
+        client.settimeout(0)
+        assert json.loads(client.recv(1 << 16)) == {"stopped": True, "pid": os.getpid()}
+    assert not (tmp_path / "d.sock").exists()
 
 
 def test_a_hung_daemon_costs_a_query_its_silence_deadline_only(daemon_env, corpora, tmp_path):

@@ -4,7 +4,6 @@ real CLI in subprocesses."""
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_lifecycle
+from child_setup import prepared, without_root_powers
 from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 from test_lifecycle import QUERIES, build, search_all, stored_vectors
 
@@ -25,30 +25,17 @@ built, workspace = (
     test_lifecycle.workspace,
 )  # the indexed sample corpus, copied per test
 
-PR_CAPBSET_DROP = 24
 F_SETPIPE_SZ = 1031  # Linux fcntl: a pipe's capacity
 PIPE_BYTES = 4096
-CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
-
-
-def without_root_powers() -> None:
-    """In a child before exec: drop the capabilities that let root read any folder, so file
-    permissions hold for it as for any user (a no-op for other users, who have none)."""
-    if os.geteuid() == 0:
-        libc = ctypes.CDLL(None, use_errno=True)
-        for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
-            if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
-                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
 def ragidx_powerless(*args: str | Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [RAGIDX, *map(str, args)],
+        prepared(without_root_powers, [RAGIDX, *args]),
         capture_output=True,
         text=True,
         env=child_env(),
         timeout=300,
-        preexec_fn=without_root_powers,
     )
 
 
@@ -57,7 +44,7 @@ def test_a_folder_that_cannot_be_read_keeps_its_documents_and_is_reported(worksp
     notes = corpus / "notes"
     notes.chmod(0)
     try:
-        probe = subprocess.run(["ls", notes], capture_output=True, preexec_fn=without_root_powers)
+        probe = subprocess.run(prepared(without_root_powers, ["ls", notes]), capture_output=True)
         if probe.returncode == 0:
             pytest.skip("this machine lets the test's user read a folder with mode 000")
         result = ragidx_powerless(

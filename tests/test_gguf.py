@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from child_setup import prepared, small_disk
 from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 
 sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
@@ -244,12 +244,6 @@ def test_the_memory_check_counts_safetensors_weights_and_can_be_turned_off(tmp_p
     memory.check_fits("m", 17, "float32", "cpu")
 
 
-def _limit_file_size() -> None:
-    """In the child: writes past 10 MB fail with EFBIG (as on a full disk) instead of killing it."""
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (10 << 20, 10 << 20))
-
-
 def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
     """No half-written conversion is ever loaded: a full disk and a SIGKILL leave nothing usable
     behind, and two processes converting at once do it once and embed identically (a random
@@ -264,8 +258,7 @@ def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
     converted = tmp_path / "cache" / "models"
     embed = [RAGIDX, "embed", "--model", str(model), "--strategy", "mean", "--json", "a lighthouse"]
 
-    full = subprocess.run(embed, capture_output=True, text=True, env=env, timeout=600,
-                          preexec_fn=_limit_file_size)  # fmt: skip
+    full = subprocess.run(prepared(small_disk, embed), capture_output=True, text=True, env=env, timeout=600)
     assert full.stderr.startswith("converting tiny.gguf once into ")
     full.stderr = full.stderr.split("\n", 1)[1]  # the rest is one line
     assert_one_line_error(full, r"cannot write the converted model into the cache .*File too large")

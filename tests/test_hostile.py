@@ -7,34 +7,28 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import select
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+from child_setup import bounded_memory, prepared
 from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 
 from ragidx.app import Index, RagidxError
 
-MEMORY_LIMIT = 4 * 2**30  # address space of a bounded child: a tiny-model build peaks near 2 GB
-
 
 def bounded(*args: str | Path, seconds: float = 180) -> subprocess.CompletedProcess:
-    """``ragidx ARGS`` in a child that may use at most :data:`MEMORY_LIMIT` of address space and
-    ``seconds`` of time: a regression that hangs or floods memory fails this test, not the run."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
+    """``ragidx ARGS`` in a child that may use at most :data:`child_setup.MEMORY_LIMIT` of address
+    space and ``seconds`` of time: a regression that hangs or floods memory fails this test, not
+    the run."""
     return subprocess.run(
-        [RAGIDX, *map(str, args)],
+        prepared(bounded_memory, [RAGIDX, *args]),
         capture_output=True,
         text=True,
         env=child_env(),
         timeout=seconds,
-        preexec_fn=limit,
     )
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_setup import interruptible, prepared
 from test_cli import RAGIDX, child_env
 
 from ragidx.app import Index
@@ -28,14 +29,11 @@ class Watcher:
 
     def __init__(self, *args: str | Path):
         self.process = subprocess.Popen(
-            [RAGIDX, "watch", *map(str, args), "--json"],
+            prepared(interruptible, [RAGIDX, "watch", *args, "--json"]),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env={**child_env(), "PYTHONFAULTHANDLER": "1"},  # SIGABRT dumps every thread's stack
-            # As from a terminal: a shell without job control starts background jobs with SIGINT
-            # ignored, and a pytest started that way would hand the watch that deafness.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
