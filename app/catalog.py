@@ -4,20 +4,23 @@ come from here, and Python users can list the same."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ragidx.app.answering import DEFAULT_NEW_TOKENS, flagged
-from ragidx.indexer.model.runtime import DEFAULT_MODEL, DEVICES, DTYPES, default_model
-from ragidx.indexer.model.sources import install_packaged_model, ollama_model_rows, packaged_model_rows
+from ragidx.app.lazy_names import lazy_names
+from ragidx.indexer.model.choices import DEFAULT_MODEL, DEVICES, DTYPES, default_model
+from ragidx.indexer.roles import ROLES
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
 from ragidx.indexer.search.fusion import METHODS
 from ragidx.indexer.search.options import MAX_K, MODES, SEARCH_OPTION_SPECS, SearchOptionSpec
 from ragidx.indexer.storage.filters import FILTER_HELP, FILTER_KINDS, parse_meta
 from ragidx.indexer.storage.index_settings import INDEX_TYPES
 from ragidx.indexer.storage.stores import STORES
-from ragidx.indexer.strategies import OPTION_SPECS, REGISTRY
-from ragidx.indexer.strategies.base import ROLES
-from ragidx.indexer.strategies.options import OptionSpec, flag_of
+
+if TYPE_CHECKING:
+    from ragidx.indexer.model.sources import install_packaged_model, ollama_model_rows, packaged_model_rows
+    from ragidx.indexer.strategies import OPTION_SPECS, strategy_rows
+    from ragidx.indexer.strategies.options import OptionSpec, flag_of
 
 __all__ = [
     "DEFAULT_CONTEXT_TOKENS",
@@ -48,16 +51,17 @@ __all__ = [
 ]
 
 
-def strategy_rows() -> list[dict[str, Any]]:
-    """Each strategy: its name, what it computes, its paper, whether it needs a decoder, and the
-    options it takes."""
-    return [
-        {
-            "name": cls.name,
-            "description": cls.description,
-            "paper": cls.paper,
-            "decoder_only": cls.decoder_only,
-            "options": [spec.name for spec in OPTION_SPECS if spec.name in cls.Options.names()],
-        }
-        for cls in REGISTRY.values()
-    ]
+# The strategies and the model sources import much more: these wait until first used, so a
+# command that names none of them (a query through the daemon) starts without them.
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "OPTION_SPECS": "ragidx.indexer.strategies",
+        "OptionSpec": "ragidx.indexer.strategies.options",
+        "flag_of": "ragidx.indexer.strategies.options",
+        "install_packaged_model": "ragidx.indexer.model.sources",
+        "ollama_model_rows": "ragidx.indexer.model.sources",
+        "packaged_model_rows": "ragidx.indexer.model.sources",
+        "strategy_rows": "ragidx.indexer.strategies",
+    },
+)

@@ -9,7 +9,8 @@ import numpy as np
 
 from ragidx.indexer.build.settings import split_strategy_options
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.runtime import default_model, load_runtime
+from ragidx.indexer.model.choices import default_model
+from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.strategies import Role, Strategy, create_strategy, named_or_default
 
 TEMPLATES = ("document_template", "query_template")

@@ -3,26 +3,47 @@ before, and the cheaper way to the same stop words."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 
 import pytest
+from test_cli import ragidx
+from test_daemon import daemon_env, small_index
 
 from ragidx.app import Index, RagidxError
 
-LIGHT_CODE = (
-    "import sys\nfrom ragidx import cli\n"
-    "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'torch', 'transformers', 'faiss', "
-    "'spacy', 'sqlite_utils', 'tokenizers'}))"
+daemon_env, small_index = daemon_env, small_index  # the fixtures, used below
+
+# What a query through the daemon must not load in its own process: the model stack, the vector
+# index, the strategies and the model loader (each a part of the start-up the daemon is there to save).
+NOT_FOR_A_QUERY = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "numpy",
+    "faiss",
+    "sqlite_utils",
+    "spacy",
+    "ragidx.indexer.strategies",
+    "ragidx.indexer.model.runtime",
+    "ragidx.indexer.model.sources",
 )
 
 
-def test_the_cli_starts_without_numpy_or_the_model_stack():
-    """`ragidx query` through the daemon imports the CLI and nothing heavier: its start-up is the
-    daemon path's whole cost on the client side."""
-    out = subprocess.run([sys.executable, "-c", LIGHT_CODE], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+def test_a_query_through_the_daemon_loads_nothing_it_does_not_use(daemon_env, small_index):
+    """The client's imports are the daemon path's whole cost on its side (``python -X importtime``
+    shows them): the CLI, the socket and the printing of hits, nothing heavier."""
+    query = ["query", "refunds", "--index", str(small_index), "-k", "2"]
+    expected = ragidx(*query, env=daemon_env).stdout  # starts the daemon
+    report = "import atexit, json, sys; atexit.register(lambda: print(json.dumps([*sys.modules])))"
+    run = [sys.executable, "-c", f"{report}; from ragidx.cli import main; main()", *query]
+    found = subprocess.run(run, env=daemon_env, capture_output=True, text=True, timeout=120)
+    *answer, modules = found.stdout.splitlines(keepends=True)
+    assert "".join(answer) == expected
+    loaded = set(json.loads(modules))
+    assert loaded.isdisjoint(NOT_FOR_A_QUERY), sorted(loaded & set(NOT_FOR_A_QUERY))
 
 
 def test_stop_words_come_without_importing_spacy():

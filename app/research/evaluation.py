@@ -26,7 +26,8 @@ from ragidx.indexer.build.pipeline import build
 from ragidx.indexer.build.settings import build_options
 from ragidx.indexer.build.tuning import TuningReport
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.runtime import default_model, load_runtime
+from ragidx.indexer.model.choices import default_model
+from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.search.options import MAX_K

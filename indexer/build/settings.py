@@ -17,7 +17,8 @@ from typing import Any
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES, FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
-from ragidx.indexer.model.runtime import ModelRuntime, default_model, load_runtime
+from ragidx.indexer.model.choices import default_model
+from ragidx.indexer.model.runtime import ModelRuntime, load_runtime
 from ragidx.indexer.model.sources import canonical_model_id, check_same_file, resolve_model
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.location import default_index_dir, no_index

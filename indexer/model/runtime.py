@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, overload
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.choices import DEVICES, DTYPES
 from ragidx.indexer.model.gguf import is_converted
 from ragidx.indexer.model.memory import check_fits, folder_parameters
 from ragidx.indexer.model.packed_linear import pack_linear_weights
@@ -28,17 +29,9 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedModel
 
-DEFAULT_MODEL = "gemma3-270m"  # measured best offline decoder for retrieval: docs/choosing.md
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 ENCODER_TYPES = ("bert", "roberta", "xlm-roberta")
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def default_model() -> str:
-    """``$RAGIDX_MODEL`` (handy for a local folder when offline) or the built-in default."""
-    return os.environ.get("RAGIDX_MODEL") or DEFAULT_MODEL
 
 
 @dataclass(frozen=True)

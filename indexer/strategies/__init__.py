@@ -57,7 +57,23 @@ __all__ = [
     "default_strategy",
     "named_or_default",
     "strategy_from_index",
+    "strategy_rows",
 ]
+
+
+def strategy_rows() -> list[dict[str, Any]]:
+    """Each strategy: its name, what it computes, its paper, whether it needs a decoder, and the
+    options it takes."""
+    return [
+        {
+            "name": cls.name,
+            "description": cls.description,
+            "paper": cls.paper,
+            "decoder_only": cls.decoder_only,
+            "options": [spec.name for spec in OPTION_SPECS if spec.name in cls.Options.names()],
+        }
+        for cls in REGISTRY.values()
+    ]
 
 
 def strategy_class(name: str) -> type[Strategy]:

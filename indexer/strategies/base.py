@@ -6,9 +6,10 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.roles import ROLES, Role
 from ragidx.indexer.strategies.options import StrategyOptions
 from ragidx.indexer.strategies.traced_readout import TracedReadout
 
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
     from ragidx.indexer.ingest.chunking import Span
     from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
-Role = Literal["document", "query"]
-ROLES: tuple[Role, ...] = ("document", "query")
 TEXT_SLOT = "{text}"
 COMMON_PARAMS = frozenset({"document_template", "query_template", "max_length", "batch"})
 ProgressCallback = Callable[[int, int], None]

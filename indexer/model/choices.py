@@ -1,0 +1,15 @@
+"""What a user may name for a model to run on: the default model, devices and precisions. Kept
+apart from the runtime (which imports the model stack) so the CLI can declare its options cheaply."""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_MODEL = "gemma3-270m"  # measured best offline decoder for retrieval: docs/choosing.md
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def default_model() -> str:
+    """``$RAGIDX_MODEL`` (handy for a local folder when offline) or the built-in default."""
+    return os.environ.get("RAGIDX_MODEL") or DEFAULT_MODEL
