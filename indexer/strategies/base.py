@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.threads import threads_for_one_text
 from ragidx.indexer.roles import ROLES, Role
 from ragidx.indexer.strategies.options import StrategyOptions
 from ragidx.indexer.strategies.traced_readout import TracedReadout
@@ -238,14 +240,16 @@ class Strategy(ABC):
 
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         sequences = [row.ids for row in prepared]
-        for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):
-            if self.one_row:
-                vectors = self.one_row(batch)
-            else:
-                vectors = self.readout(batch, [prepared[i] for i in batch.indices])
-            out[batch.indices] = vectors.float().cpu().numpy()
-            if progress:
-                progress(len(batch.indices), int(batch.lengths.sum()))
+        one_text = len(texts) == 1 and self.runtime.device.type == "cpu"  # a query, as a rule
+        with threads_for_one_text() if one_text else contextlib.nullcontext():
+            for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):
+                if self.one_row:
+                    vectors = self.one_row(batch)
+                else:
+                    vectors = self.readout(batch, [prepared[i] for i in batch.indices])
+                out[batch.indices] = vectors.float().cpu().numpy()
+                if progress:
+                    progress(len(batch.indices), int(batch.lengths.sum()))
         return l2_normalise(out)
 
     def _readout_of_ids(self, batch: Batch) -> torch.Tensor:

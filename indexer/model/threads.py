@@ -1,0 +1,81 @@
+"""How many threads a one-text forward pass (a query) runs on a CPU: the cores no other process is
+using at that moment.
+
+A query's forward is short, and torch's OpenMP threads wait for each other at every operator: when
+another process holds a core (a build, a second daemon), the thread on that core is descheduled and
+the others wait for it, operator after operator. On two cores with both busy, SmolLM2's query took
+1.9 s on two threads and 30 ms on one; with one busy, 40 ms (p95 142 ms) against 23 ms; quiet, two
+threads were 1.3x faster than one (docs/precision.md, ``tests/benchmarks/query_threads.py``). So a
+one-text forward takes as many threads as there are cores that are idle now: Linux counts the
+runnable threads of the whole machine in ``/proc/loadavg``, and this process's own in
+``/proc/self/task``. ``RAGIDX_QUERY_THREADS`` fixes the number instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from ragidx.indexer.errors import RagidxError
+
+THREADS_VARIABLE = "RAGIDX_QUERY_THREADS"
+
+
+def busy_elsewhere() -> int | None:
+    """Threads of other processes running or waiting for a core now, or None where this system
+    does not say (not Linux)."""
+    try:
+        runnable = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        own = 0
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                stat = (task / "stat").read_text()
+                own += stat[stat.rindex(")") + 2] == "R"  # the state follows the command's name
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, runnable - max(own, 1))  # this thread is running, whatever its stat said
+
+
+def one_text_threads(most: int) -> int:
+    """Threads for a one-text forward: ``$RAGIDX_QUERY_THREADS`` if set, else the cores (of
+    ``most``) that no other process is using now, at least one."""
+    given = os.environ.get(THREADS_VARIABLE, "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise RagidxError(f"{THREADS_VARIABLE}={given!r} is not a number of threads (1 or more)")
+        return int(given)
+    busy = busy_elsewhere()
+    return most if busy is None else max(1, min(most, (os.cpu_count() or most) - busy))
+
+
+class _Shared:
+    """torch keeps a thread count per thread (OpenMP's) and one for threads yet to start: each
+    one-text forward sets and gives back its own thread's, and the count from before the first of
+    several concurrent ones (HTTP requests) is the one each gives back."""
+
+    lock = threading.Lock()
+    active = 0
+    before = 0
+
+
+@contextlib.contextmanager
+def threads_for_one_text() -> Iterator[None]:
+    """Run the block (one text's forward on a CPU, in this thread) on :func:`one_text_threads`
+    threads, then give torch back the count it had."""
+    import torch
+
+    with _Shared.lock:
+        if _Shared.active == 0:
+            _Shared.before = torch.get_num_threads()
+        _Shared.active += 1
+        before = _Shared.before
+    torch.set_num_threads(one_text_threads(before))
+    try:
+        yield
+    finally:
+        with _Shared.lock:
+            _Shared.active -= 1
+        torch.set_num_threads(before)

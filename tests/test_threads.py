@@ -1,0 +1,95 @@
+"""A one-text forward (a query) on a CPU runs on the cores no other process is using: counted from
+/proc, fixed by RAGIDX_QUERY_THREADS, applied inside the forward, and given back afterwards."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model import threads
+from ragidx.indexer.strategies import create_strategy
+
+linux_only = pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="counts come from Linux's /proc")
+
+
+@linux_only
+def test_processes_that_hold_a_core_are_counted():
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        time.sleep(0.5)
+        seen = []
+        for _ in range(20):
+            seen.append(threads.busy_elsewhere())
+            time.sleep(0.02)
+    finally:
+        for process in spinning:
+            process.kill()
+            process.wait()
+    assert None not in seen and statistics.median(seen) >= 2  # others may be busy too (CI workers)
+
+
+def test_the_threads_are_the_idle_cores_or_the_setting(monkeypatch):
+    monkeypatch.delenv(threads.THREADS_VARIABLE, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    cases = ((0, 8, 8), (3, 8, 5), (7, 8, 1), (12, 8, 1), (0, 4, 4), (6, 4, 2), (None, 4, 4))
+    for busy, most, expected in cases:
+        monkeypatch.setattr(threads, "busy_elsewhere", lambda busy=busy: busy)
+        assert threads.one_text_threads(most) == expected
+    monkeypatch.setenv(threads.THREADS_VARIABLE, "3")
+    assert threads.one_text_threads(8) == 3
+    for wrong in ("0", "two", "-1"):
+        monkeypatch.setenv(threads.THREADS_VARIABLE, wrong)
+        with pytest.raises(RagidxError, match=f"RAGIDX_QUERY_THREADS='{wrong}' is not a number of threads"):
+            threads.one_text_threads(8)
+
+
+def test_a_query_runs_on_the_chosen_threads_and_gives_them_back(runtimes, monkeypatch):
+    runtime = runtimes["llama"]
+    strategy = create_strategy("mean", runtime)
+    seen: list[int] = []
+    hook = runtime.model.register_forward_hook(lambda *args: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(threads.THREADS_VARIABLE, "1")
+        alone = strategy.encode(["how long do refunds take"], "query")
+        monkeypatch.setenv(threads.THREADS_VARIABLE, "3")
+        wider = strategy.encode(["how long do refunds take"], "query")
+        strategy.encode(["one document", "and another"], "document")  # a batch: left alone
+    finally:
+        hook.remove()
+    assert seen == [1, 3, before] and torch.get_num_threads() == before
+    np.testing.assert_allclose(alone, wider, atol=1e-6)
+
+
+def test_concurrent_queries_give_back_the_count_from_before_the_first(monkeypatch):
+    monkeypatch.setenv(threads.THREADS_VARIABLE, "1")
+    before = torch.get_num_threads()
+    inside = threading.Barrier(2)
+    seen: list[tuple[int, int]] = []
+
+    def query() -> None:
+        with threads.threads_for_one_text():
+            inside.wait(timeout=10)  # both are inside at once
+            during = torch.get_num_threads()
+            inside.wait(timeout=10)
+        seen.append((during, torch.get_num_threads()))
+
+    workers = [threading.Thread(target=query) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=30)
+    later: list[int] = []
+    fresh = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    fresh.start()
+    fresh.join()
+    assert seen == [(1, before), (1, before)] and torch.get_num_threads() == before and later == [before]
