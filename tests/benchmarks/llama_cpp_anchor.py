@@ -1,0 +1,113 @@
+"""ragidx against llama.cpp on the same GGUF file and the same passages, mean pooling, one after
+the other in one sitting: the anchor for ragidx's CPU speed (issue 49).
+
+Usage: python tests/benchmarks/llama_cpp_anchor.py [--model smollm2 | FILE.gguf] [--passages 16]
+       [--words 200] [--threads 2] [--rounds 2] [--dtype auto]
+
+The passages are ragidx's sample corpus cut into ``--words``-word pieces. ragidx embeds them with
+``Embedder(model, "mean")`` in the document role; llama.cpp (the ``xllamacpp`` wheel: prebuilt,
+``pip install xllamacpp``) with mean pooling, in process, ``--threads`` threads. Each side embeds
+one passage first (loading, tracing), then the passages ``--rounds`` times, the two sides
+alternating; the best round of each is printed with tokens/s (the model's tokens, as ragidx
+counts them), their ratio, and the mean cosine between the two sides' vectors, which says whether
+both computed the same thing (ragidx's template and llama.cpp's BOS handling may differ a little).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+CORPUS = Path(__file__).resolve().parents[2] / "sample_corpus"
+
+
+def passages(count: int, words: int) -> list[str]:
+    """``count`` passages of ``words`` words from the sample corpus (cycling through it)."""
+    text = " ".join(path.read_text() for path in sorted(CORPUS.rglob("*.md"))).split()
+    return [" ".join(text[(i * words + j) % len(text)] for j in range(words)) for i in range(count)]
+
+
+def gguf_path(model: str) -> str:
+    from ragidx.indexer.model.sources import PACKAGED_MODELS
+
+    if model in PACKAGED_MODELS:
+        parts = PACKAGED_MODELS[model].paths()
+        if parts is None or len(parts) != 1:
+            raise SystemExit(f"{model} is not installed as one GGUF file")
+        return str(parts[0])
+    return model
+
+
+def llama_cpp(path: str, threads: int) -> Callable[[list[str]], np.ndarray]:
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = path
+    params.embedding = True
+    params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
+    params.n_ctx = params.n_batch = params.n_ubatch = 4096
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
+    server = xllamacpp.Server(params)
+
+    def embed(texts: list[str]) -> np.ndarray:
+        answer = server.handle_embeddings({"input": texts})
+        rows = sorted(answer["data"], key=lambda row: row["index"])
+        vectors = np.array([row["embedding"] for row in rows], dtype=np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    return embed
+
+
+def seconds(embed: Callable[[list[str]], np.ndarray], texts: list[str]) -> tuple[float, np.ndarray]:
+    started = time.perf_counter()
+    vectors = embed(texts)
+    return time.perf_counter() - started, vectors
+
+
+def main() -> None:
+    import torch
+
+    from ragidx.app import Embedder
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--passages", type=int, default=16)
+    parser.add_argument("--words", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtype", default="auto")
+    arguments = parser.parse_args()
+
+    texts = passages(arguments.passages, arguments.words)
+    path = gguf_path(arguments.model)
+    torch.set_num_threads(arguments.threads)
+    embedder = Embedder(path, "mean", dtype=arguments.dtype)
+    tokens = sum(len(embedder.strategy.token_ids(text, "document")) for text in texts)
+    sides: dict[str, Callable[[list[str]], np.ndarray]] = {
+        "ragidx": lambda batch: embedder.embed(batch, "document"),
+        "llama.cpp": llama_cpp(path, arguments.threads),
+    }
+    best: dict[str, float] = {}
+    vectors: dict[str, np.ndarray] = {}
+    for embed in sides.values():
+        embed(texts[:1])
+    for _ in range(arguments.rounds):
+        for name, embed in sides.items():
+            took, vectors[name] = seconds(embed, texts)
+            best[name] = min(best.get(name, took), took)
+    print(
+        f"{Path(path).name}, {len(texts)} passages of {arguments.words} words, {tokens} tokens, "
+        f"{arguments.threads} threads, ragidx dtype {embedder.strategy.runtime.dtype}"
+    )
+    for name, took in best.items():
+        print(f"{name:>9}: {took:6.2f} s  ({tokens / took:7.1f} tokens/s)")
+    cosine = float(np.mean(np.sum(vectors["ragidx"] * vectors["llama.cpp"], axis=1)))
+    print(f"llama.cpp time / ragidx time: {best['llama.cpp'] / best['ragidx']:.2f}; mean cosine {cosine:.4f}")
+
+
+if __name__ == "__main__":
+    main()
