@@ -40,7 +40,7 @@ class ProgressLines:
         self.printed: str | None = None  # the counts the last line showed
         self.started = self.last = time.perf_counter()
         self.lock = threading.Lock()  # the counts, updated by the build's thread
-        self.printing = threading.Lock()  # a line at a time, from the build's thread or the timer
+        self.printing = threading.Lock()  # deciding on and printing a line: the build's thread or the timer
         self.done = threading.Event()
         self.timer = threading.Thread(target=self._tick, name="ragidx-progress", daemon=True)
 
@@ -66,11 +66,13 @@ class ProgressLines:
 
     def _maybe_print(self, idle: bool = False) -> None:
         """A line once ``interval`` has passed, if the counts moved (or, from the timer, at long
-        intervals even if not: a forward pass may take minutes)."""
-        if time.perf_counter() - self.last < self.interval:
-            return
-        if self.printed != self._counts() or (idle and self.interval >= QUIET_SECONDS):
-            self._print()  # (the first line comes after one interval, counts moved or not)
+        intervals even if not: a forward pass may take minutes). Decided and printed under one
+        lock, so the build's thread and the timer never print the same moment twice."""
+        with self.printing:
+            if time.perf_counter() - self.last < self.interval:
+                return
+            if self.printed != self._counts() or (idle and self.interval >= QUIET_SECONDS):
+                self._print()  # (the first line comes after one interval, counts moved or not)
 
     def _tick(self) -> None:
         while not self.done.wait(min(self.interval, 1.0) if self.interval > 0 else 0.05):
@@ -87,10 +89,7 @@ class ProgressLines:
             return f"{done}{share}{details}"
 
     def _print(self) -> None:
-        with self.printing:
-            self._print_line()
-
-    def _print_line(self) -> None:
+        """One line (under ``printing``, or once the timer has stopped)."""
         counts = self._counts()
         self.last, self.printed = time.perf_counter(), counts
         elapsed = self.last - self.started
