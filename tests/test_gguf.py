@@ -209,11 +209,9 @@ def test_a_model_that_cannot_fit_is_refused_before_conversion_and_before_loading
     from ragidx.indexer.model.runtime import load_runtime
 
     monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path / "cache"))
-    gguf = write_gguf(tmp_path / "model.gguf")  # 192 weights: 384 bytes in bf16, 768 in float32
-    monkeypatch.setattr(memory, "available_bytes", lambda device: 383)
-    with pytest.raises(
-        RagidxError, match=r"does not fit: 0\.00B weights need 0\.0 GB in bfloat16 and cpu has"
-    ):
+    gguf = write_gguf(tmp_path / "model.gguf")  # 192 weights: 240 bytes in int8, the leanest on a CPU
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 239)
+    with pytest.raises(RagidxError, match=r"does not fit: 0\.00B weights need 0\.0 GB in int8 and cpu has"):
         load_runtime(str(gguf), device="cpu")
     assert cache_entries(tmp_path / "cache") == []  # refused before the conversion
     monkeypatch.setattr(memory, "disk_free", lambda folder: 10)
@@ -237,7 +235,7 @@ def test_the_memory_check_counts_safetensors_weights_and_can_be_turned_off(tmp_p
     assert memory.folder_parameters(tmp_path / "nothing-here") is None
     monkeypatch.setattr(memory, "available_bytes", lambda device: 50)
     memory.check_fits("m", 17, "bfloat16", "cpu")  # 34 bytes
-    advice = r"use --dtype bfloat16 \(half of float32\), --device cuda, a smaller model file"
+    advice = r"use --dtype bfloat16 \(0\.0 GB\), --dtype int8 \(0\.0 GB\), --device cuda, a smaller model"
     with pytest.raises(RagidxError, match=r"0\.0 GB in float32 and cpu has 0\.0 GB available; " + advice):
         memory.check_fits("m", 17, "float32", "cpu")
     monkeypatch.setenv("RAGIDX_MEMORY_CHECK", "0")

@@ -107,9 +107,9 @@ def probes(monkeypatch, tmp_path):
     calls: list[tuple[int, int]] = []
     measured = {"float32": 100.0, "bfloat16": 250.0}
 
-    def probe(hidden: int, intermediate: int) -> precision.PrecisionProbe:
+    def probe(hidden: int, intermediate: int, candidate: str) -> precision.PrecisionProbe:
         calls.append((hidden, intermediate))
-        return precision.PrecisionProbe(measured["float32"], measured["bfloat16"])
+        return precision.PrecisionProbe(candidate, measured["float32"], measured[candidate])
 
     monkeypatch.setattr(precision, "probe_precision", probe)
     cache = tmp_path / "precision.json"
@@ -123,7 +123,7 @@ def test_auto_on_cpu_takes_the_dtype_measured_faster_and_measures_once_per_shape
     assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
     assert probes.calls == [(576, 1536)]
     (entry,) = json.loads(probes.cache.read_text()).values()
-    assert entry == {"float32_gflops": 100.0, "bfloat16_gflops": 250.0}
+    assert entry == {"candidate": "bfloat16", "float32_gflops": 100.0, "candidate_gflops": 250.0}
     tiny = SimpleNamespace(hidden_size=64, intermediate_size=128)
     assert resolve_dtype("auto", "cpu", tiny) == "float32"  # too small to time: never probed
     assert probes.calls == [(576, 1536)]
@@ -134,17 +134,18 @@ def test_auto_on_cpu_needs_a_clear_bfloat16_win(probes):
     assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
 
 
-def test_auto_on_cpu_stays_float32_without_bf16_instructions(probes, monkeypatch):
+def test_auto_on_cpu_never_times_bfloat16_without_bf16_instructions(probes, monkeypatch):
     assert resolve_dtype("auto", "cuda", SHAPE) == "bfloat16"
     monkeypatch.setattr(probes.module, "cpu_has_bfloat16_instructions", lambda: False)
-    assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
-    assert probes.calls == []  # emulated bf16 is never faster: nothing to measure
+    probes.measured.update(int8=99.0)
+    assert resolve_dtype("auto", "cpu", SHAPE) == "int8"  # emulated bf16 is never faster: int8 is timed
 
 
 def test_a_damaged_precision_cache_is_measured_again(probes):
     probes.cache.write_text("{not json")
     assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
-    probes.cache.write_text(json.dumps({probes.module._machine_key(576, 1536): {"old": 1}}))
+    old = {"float32_gflops": 1.0, "bfloat16_gflops": 2.0}  # an entry written before int8 was a candidate
+    probes.cache.write_text(json.dumps({probes.module._machine_key(576, 1536, "bfloat16"): old}))
     assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
     assert len(probes.calls) == 2
 
@@ -152,7 +153,7 @@ def test_a_damaged_precision_cache_is_measured_again(probes):
 def test_the_precision_probe_times_a_real_product():
     from ragidx.indexer.model.precision import linear_flops_per_second
 
-    rate = linear_flops_per_second(torch.float32, 64, 128, tokens=32, seconds=0.05)
+    rate = linear_flops_per_second("float32", 64, 128, tokens=32, seconds=0.05)
     assert 1e6 < rate < 1e14  # FLOP/s, not seconds or GFLOP/s
 
 

@@ -226,8 +226,9 @@ def bench_strategy(
         started = time.perf_counter()
         search.search(strategy.encode([query], "query"), 10)
         latencies.append(1000 * (time.perf_counter() - started))
-    dtype = str(runtime.dtype).removeprefix("torch.")
-    peak, best = peaks.get(dtype, 0.0), max(peaks.values(), default=0.0)
+    dtype = runtime.precision
+    products = "float32" if dtype == "int8" else dtype  # int8 weights multiply in float32
+    peak, best = peaks.get(products, 0.0), max(peaks.values(), default=0.0)
     return BenchRow(
         strategy=name,
         dtype=dtype,

@@ -175,7 +175,7 @@ def build(
             strategy_reason=reason,
             strategy_notes=kept_notes(stored, name, strategy),
             dimension=strategy.dimension,
-            dtype=str(runtime.dtype).removeprefix("torch."),
+            dtype=runtime.precision,
             vector_index=vector_index,
             store=resolution.store,
             roots=resolution.roots(access),

@@ -7,7 +7,7 @@ import os
 
 DEFAULT_MODEL = "gemma3-270m"  # measured best offline decoder for retrieval: docs/choosing.md
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # int8: int8 weights, float32 products
 
 
 def default_model() -> str:

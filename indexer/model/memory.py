@@ -17,8 +17,11 @@ from safetensors import safe_open
 
 from ragidx.indexer.errors import RagidxError
 
-BYTES_PER_WEIGHT = {"float32": 4, "bfloat16": 2, "float16": 2}
-SMALLEST_RUN = 2  # bytes per weight of the leanest dtype a run can choose (bf16 or f16)
+# What a run holds per weight. int8: a byte, an eighth for each group's float16 scale and offset,
+# and the embedding's share in 16 bits; that share is not known from a header, so all weights count
+# 1.25 bytes (measured: a random 8B GGUF peaked at 9.1 GB against 9.0 counted, a 1B at 1.9 / 1.3).
+BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.25}
+CACHE_BYTES_PER_WEIGHT = 2  # a converted GGUF's weights are 16-bit
 DISK_MARGIN = 1.05  # the converted copy: 16-bit weights, plus config, tokenizer and shard headers
 
 
@@ -50,15 +53,38 @@ def available_bytes(device: str) -> int:
     return int(psutil.virtual_memory().available)
 
 
+def weight_bytes(parameters: int, dtype: str) -> int:
+    return int(parameters * BYTES_PER_WEIGHT[dtype])
+
+
+def leaner_dtypes(dtype: str) -> list[str]:
+    """The dtypes that hold less memory than ``dtype``, leanest last."""
+    return [each for each in ("bfloat16", "int8") if BYTES_PER_WEIGHT[each] < BYTES_PER_WEIGHT[dtype]]
+
+
+def fitting_dtype(parameters: int, dtype: str, device: str) -> str:
+    """``dtype`` where the weights fit in it, else the first leaner one that fits (what ``--dtype
+    auto`` runs: the measured choice gives way to memory rather than refusing), else ``dtype``."""
+    if not checking():
+        return dtype
+    available = available_bytes(device)
+    for each in [dtype, *leaner_dtypes(dtype)]:
+        if weight_bytes(parameters, each) <= available:
+            return each
+    return dtype
+
+
 def check_fits(model: str, parameters: int, dtype: str, device: str) -> None:
-    """Refuse ``model`` if its weights in ``dtype`` exceed the memory ``device`` has available."""
+    """Refuse ``model`` if its weights in ``dtype`` exceed the memory ``device`` has available,
+    naming the dtypes that would fit."""
     if not checking():
         return
-    needed = parameters * BYTES_PER_WEIGHT[dtype]
+    needed = weight_bytes(parameters, dtype)
     available = available_bytes(device)
     if needed <= available:
         return
-    leaner = " --dtype bfloat16 (half of float32)," if BYTES_PER_WEIGHT[dtype] > SMALLEST_RUN else ""
+    fits = [each for each in leaner_dtypes(dtype) if weight_bytes(parameters, each) <= available]
+    leaner = "".join(f" --dtype {each} ({_gb(weight_bytes(parameters, each))})," for each in fits)
     elsewhere = " --device cuda," if device != "cuda" else ""
     raise RagidxError(
         f"model '{model}' does not fit: {parameters / 1e9:.2f}B weights need {_gb(needed)} in {dtype} "
@@ -73,7 +99,7 @@ def disk_free(folder: Path) -> int:
 
 def check_disk(model: str, parameters: int, folder: Path) -> None:
     """Refuse to start a conversion the cache's disk cannot hold (16-bit weights)."""
-    needed = int(parameters * SMALLEST_RUN * DISK_MARGIN)
+    needed = int(parameters * CACHE_BYTES_PER_WEIGHT * DISK_MARGIN)
     free = disk_free(folder)
     if needed > free:
         raise RagidxError(

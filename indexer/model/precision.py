@@ -2,9 +2,11 @@
 
 bfloat16 halves the bytes a matrix product moves, but only CPUs with bf16 dot-product
 instructions (AVX512-BF16, AMX) turn that into speed: elsewhere oneDNN converts to float32 and
-back, and bf16 runs at 0.4-0.7x float32 (docs/precision.md). So a CPU without those
-instructions keeps float32, and one with them times a model-shaped matrix product in both dtypes
-(about a second, cached per machine) and keeps bf16 only where it is clearly faster.
+back, and bf16 runs at 0.4-0.7x float32 (docs/precision.md). So a CPU with those instructions
+times a model-shaped matrix product in float32 and bf16 (about a second, cached per machine) and
+keeps bf16 only where it is clearly faster. A CPU without them times float32 against int8
+weights with float32 products (:mod:`ragidx.indexer.model.int8_weights`: a quarter of the
+memory) and keeps int8 wherever it is within 5% of float32's speed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from ragidx.indexer.cache import cache_dir, read_json_cache, write_json_cache
 
 PROBE_TOKENS = 256  # rows of the probe's product: a typical batch slice, large enough to be steady
 PROBE_SECONDS = 0.4  # per dtype
-BFLOAT16_SPEEDUP_NEEDED = 1.2  # below this, rounding is not worth the speed (and noise could flip it)
+# The speed, relative to float32, a candidate needs to be chosen: bf16 must be clearly faster (below
+# 1.2x, rounding is not worth the speed and noise could flip it); int8 weights hold a quarter of
+# the memory for the same float32 products, so they need only be about as fast.
+SPEED_NEEDED = {"bfloat16": 1.2, "int8": 1 / 1.05}
 # Below this width a product is so small (64 -> 128: ~2 MFLOP) that both dtypes run at the same
 # per-call overhead (measured 0.98-1.01x here), so the probe would time noise: float32, unprobed.
 MIN_PROBED_HIDDEN = 256
@@ -41,13 +46,20 @@ def best_flops_per_second(step: Callable[[], Any], flops: float, seconds: float)
 
 
 def linear_flops_per_second(
-    dtype: Any, inputs: int, outputs: int, tokens: int = PROBE_TOKENS, seconds: float = PROBE_SECONDS
+    dtype: str, inputs: int, outputs: int, tokens: int = PROBE_TOKENS, seconds: float = PROBE_SECONDS
 ) -> float:
-    """FLOP/s of a ``tokens x inputs -> outputs`` linear layer in ``dtype`` on the CPU."""
+    """FLOP/s of a ``tokens x inputs -> outputs`` linear layer in ``dtype`` on the CPU (``int8``:
+    int8 weights, float32 products, as a model in that dtype runs them)."""
     import torch
 
-    layer = torch.nn.Linear(inputs, outputs, bias=False).to(dtype).requires_grad_(False)
-    batch = torch.randn(tokens, inputs, dtype=dtype)
+    from ragidx.indexer.model.int8_weights import hold_int8
+
+    layer = torch.nn.Linear(inputs, outputs, bias=False).requires_grad_(False)
+    if dtype == "int8":
+        hold_int8(layer)
+    else:
+        layer.to(getattr(torch, dtype))
+    batch = torch.randn(tokens, inputs, dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     with torch.inference_mode():
         return best_flops_per_second(lambda: layer(batch), 2.0 * tokens * inputs * outputs, seconds)
 
@@ -62,18 +74,25 @@ def cpu_has_bfloat16_instructions() -> bool:
 
 @dataclass(frozen=True)
 class PrecisionProbe:
-    """One measurement: a model-shaped product's speed in both dtypes on this CPU, and the verdict."""
+    """One measurement: a model-shaped product's speed in float32 and in the candidate dtype on
+    this CPU, and the verdict."""
 
+    candidate: str
     float32_gflops: float
-    bfloat16_gflops: float
+    candidate_gflops: float
 
     @property
     def chosen(self) -> str:
-        faster = self.bfloat16_gflops >= BFLOAT16_SPEEDUP_NEEDED * self.float32_gflops
-        return "bfloat16" if faster else "float32"
+        fast_enough = self.candidate_gflops >= SPEED_NEEDED[self.candidate] * self.float32_gflops
+        return self.candidate if fast_enough else "float32"
 
 
-def _machine_key(hidden: int, intermediate: int) -> str:
+def cpu_candidate() -> str:
+    """The dtype worth timing against float32 on this CPU: bf16 where it has the instructions."""
+    return "bfloat16" if cpu_has_bfloat16_instructions() else "int8"
+
+
+def _machine_key(hidden: int, intermediate: int, candidate: str) -> str:
     """What the verdict depends on: the CPU, torch's kernels, the threads it may use, the shape."""
     import torch
 
@@ -84,6 +103,7 @@ def _machine_key(hidden: int, intermediate: int) -> str:
             f"torch {torch.__version__}",
             f"{torch.get_num_threads()} threads",
             f"{hidden}x{intermediate}",
+            candidate,
         )
     )
 
@@ -98,27 +118,28 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def probe_precision(hidden: int, intermediate: int) -> PrecisionProbe:
-    """Time the model's widest product (hidden -> intermediate) in float32 and bfloat16, now."""
-    import torch
-
+def probe_precision(hidden: int, intermediate: int, candidate: str) -> PrecisionProbe:
+    """Time the model's widest product (hidden -> intermediate) in float32 and ``candidate``, now."""
     return PrecisionProbe(
-        float32_gflops=linear_flops_per_second(torch.float32, hidden, intermediate) / 1e9,
-        bfloat16_gflops=linear_flops_per_second(torch.bfloat16, hidden, intermediate) / 1e9,
+        candidate=candidate,
+        float32_gflops=linear_flops_per_second("float32", hidden, intermediate) / 1e9,
+        candidate_gflops=linear_flops_per_second(candidate, hidden, intermediate) / 1e9,
     )
 
 
 def cpu_auto_dtype(hidden: int, intermediate: int) -> str:
-    """``float32`` or ``bfloat16``: what is measured faster for a model of this shape on this CPU."""
-    if hidden < MIN_PROBED_HIDDEN or not cpu_has_bfloat16_instructions():
+    """``float32``, ``bfloat16`` or ``int8``: what is measured best for a model of this shape on
+    this CPU (before memory has its say: :func:`ragidx.indexer.model.memory.fitting_dtype`)."""
+    if hidden < MIN_PROBED_HIDDEN:
         return "float32"
+    candidate = cpu_candidate()
     path = cache_dir() / CACHE_FILE
-    key = _machine_key(hidden, intermediate)
+    key = _machine_key(hidden, intermediate, candidate)
     cached = read_json_cache(path)
     try:
         return PrecisionProbe(**cached[key]).chosen
     except (KeyError, TypeError):
         pass  # not measured yet for this machine and shape (or an entry from another version)
-    probe = probe_precision(hidden, intermediate)
+    probe = probe_precision(hidden, intermediate, candidate)
     write_json_cache(path, {**cached, key: asdict(probe)})
     return probe.chosen

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, cast, overload
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.choices import DEVICES, DTYPES
 from ragidx.indexer.model.gguf import is_converted
-from ragidx.indexer.model.memory import check_fits, folder_parameters
+from ragidx.indexer.model.int8_weights import hold_int8_weights
+from ragidx.indexer.model.memory import check_fits, fitting_dtype, folder_parameters, leaner_dtypes
 from ragidx.indexer.model.packed_linear import pack_linear_weights
 from ragidx.indexer.model.precision import cpu_auto_dtype
 from ragidx.indexer.model.quiet import quiet_transformers
@@ -171,6 +172,7 @@ class ModelRuntime:
         revision: str | None = None,
         folder: str | None = None,
         model_file: dict[str, Any] | None = None,
+        precision: str | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -178,6 +180,8 @@ class ModelRuntime:
         self.revision = revision
         self.folder = folder  # the local folder the weights were read from (None: the hub cache)
         self.model_file = model_file  # a GGUF model's path(s) and SHA-256, stored in the index
+        # what the weights are held in, as --dtype names it (int8: int8 weights, float32 products)
+        self.precision = precision or str(next(model.parameters()).dtype).removeprefix("torch.")
         self.arch = architecture_view(model)
         self.layers_run = 0
         self.layers_available = 0
@@ -198,7 +202,10 @@ class ModelRuntime:
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        """The dtype the model computes in (float32 for int8 weights)."""
+        import torch
+
+        return torch.float32 if self.precision == "int8" else next(self.model.parameters()).dtype
 
     @property
     def max_positions(self) -> int:
@@ -321,8 +328,9 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: str, config: Any = None) -> str:
-    """``auto`` is bfloat16 on CUDA, float16 on MPS, and on a CPU what is measured faster there for
-    a model of ``config``'s shape (:mod:`ragidx.indexer.model.precision`). Every strategy runs in it:
+    """``auto`` is bfloat16 on CUDA, float16 on MPS, and on a CPU what is measured best there for
+    a model of ``config``'s shape (:mod:`ragidx.indexer.model.precision`: bf16 where it is faster,
+    int8 weights where they are as fast as float32). Every strategy runs in it:
     where bf16 moves vectors most (``kv-embedding``, ``cp``), STS-B and SciFact figures held within
     noise of float32 (docs/precision.md)."""
     if dtype not in DTYPES:
@@ -381,8 +389,9 @@ def load_runtime(
     trust_remote_code: bool = False,
 ) -> ModelRuntime:
     """Load tokenizer and base model (no LM head) by short name, GGUF file, local folder or hub id,
-    in the dtype the run uses (a 16-bit cache is upcast at load for float32), after checking that
-    it fits (:mod:`ragidx.indexer.model.memory`)."""
+    in the dtype the run uses (a 16-bit cache is upcast at load for float32; for int8, loaded 16-bit
+    and rounded a layer at a time), after checking that it fits (:mod:`ragidx.indexer.model.memory`:
+    ``auto`` falls back to a leaner dtype that fits rather than refusing)."""
     import torch
     from transformers import AutoModel
 
@@ -391,7 +400,7 @@ def load_runtime(
     device = resolve_device(device)
     if source.gguf and source.gguf.header and not is_converted(source.gguf):
         # before a conversion that could take minutes: would even a 16-bit run fit?
-        check_fits(model, source.gguf.header.parameters, "bfloat16", device)
+        check_fits(model, source.gguf.header.parameters, leaner_dtypes("float32")[-1], device)
     location = source.loadable()
     config = _load_config(location, model, trust_remote_code)
     if config.model_type not in DECODER_TYPES + ENCODER_TYPES:
@@ -399,8 +408,10 @@ def load_runtime(
     run_dtype = resolve_dtype(dtype, device, config)
     parameters = folder_parameters(Path(location)) if Path(location).is_dir() else None
     if parameters is not None:
+        if dtype == "auto":
+            run_dtype = fitting_dtype(parameters, run_dtype, device)
         check_fits(model, parameters, run_dtype, device)
-    torch_dtype = getattr(torch, run_dtype)
+    torch_dtype = torch.bfloat16 if run_dtype == "int8" else getattr(torch, run_dtype)
     try:
         tokenizer = load_tokenizer(location, trust_remote_code)
         network_model = AutoModel.from_pretrained(
@@ -415,10 +426,13 @@ def load_runtime(
     if tokenizer.pad_token_id is None:
         # Padding is always masked out, so any id will do; EOS is what decoders usually lack a pad for.
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    network_model.to(device).eval().requires_grad_(False)
-    if device == "cpu":
+    network_model.eval().requires_grad_(False)
+    if run_dtype == "int8":
+        hold_int8_weights(network_model)  # rounded where the weights were read, then moved
+    network_model.to(device)
+    if device == "cpu" and run_dtype != "int8":
         pack_linear_weights(network_model)
     local = location if Path(location).is_dir() else None
     model_file = source.gguf.record() if source.gguf else None
     revision = getattr(config, "_commit_hash", None)
-    return ModelRuntime(network_model, tokenizer, source.model_id, revision, local, model_file)
+    return ModelRuntime(network_model, tokenizer, source.model_id, revision, local, model_file, run_dtype)

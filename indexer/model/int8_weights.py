@@ -1,0 +1,169 @@
+"""Linear layers that hold int8 weights and compute in float32, for CPUs without bf16 instructions.
+
+There a float32 model holds 4 bytes a weight (a 1B decoder: 6.7 GB of RSS; an 8B one does not fit
+a laptop), and bf16 products are emulated at a hundredth of float32's speed. So each linear layer
+keeps its weights as int8 in groups of :data:`GROUP` along a row, each group with its own scale
+and offset (float16). That is how a GGUF file's 4- and 8-bit blocks are made (32 weights, a
+scale and a minimum), so a GGUF model's weights come back almost exactly (cosine to float32's
+vectors >= 0.9999 on the packaged models, against 0.997 with one scale per row;
+docs/precision.md). A forward upcasts the weights a tile at a time into a float32 tile of about
+4 MB, which stays in the CPU's cache while float32 products read it, and nothing else is ever
+float32. The embedding matrix stays 16-bit (the GGUF cache's own values) and gives float32 rows.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+# Weights upcast at once: 4 MB of float32, which stays in a core's L2/L3 cache while the product
+# reads it (1M: 0.85x float32's time on a 1B model's one-row forward; 256K: 0.97x; whole layers:
+# 1.5x, as the float32 copy then goes through memory; docs/precision.md).
+TILE_WEIGHTS = 1 << 20
+# From this many rows on, a layer's weights are upcast at once: the product then dwarfs the upcast,
+# and tiles would cost a copy of each tile's outputs into the result (Gemma 3 at 32 x 256 tokens:
+# 1.13x float32's time tiled).
+TILED_ROWS = 64
+GROUP = 32  # weights sharing a scale and an offset: a GGUF block
+LEVELS = 255  # an int8 spans 256 values: -128 .. 127
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """A weight ``[outputs, inputs]`` as int8 ``values`` and, per group of a row, float16
+    ``scales`` and ``offsets``: weight = values x scale + offset."""
+
+    values: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+
+    @property
+    def group(self) -> int:
+        return int(self.values.shape[1] // self.scales.shape[1])
+
+
+def group_size(width: int) -> int:
+    """:data:`GROUP`, or the whole row where a row does not split into such groups."""
+    return GROUP if width % GROUP == 0 else width
+
+
+def to_int8(weight: torch.Tensor) -> Int8Weight:
+    """``weight`` rounded to int8 a group at a time, each group spanning its own minimum to
+    maximum (a group of equal weights gets scale 1). Rounded a tile of rows at a time in one
+    float32 scratch: no working copy the size of a layer, nor freed ones that would leave the heap
+    fragmented with the model's int8 weights among them (+0.5 GB of RSS on a 1B model)."""
+    import torch
+
+    outputs, width = weight.shape
+    group = group_size(width)
+    values = torch.empty(outputs, width, dtype=torch.int8)
+    scales = torch.empty(outputs, width // group, dtype=torch.float16)
+    offsets = torch.empty_like(scales)
+    step = max(1, TILE_WEIGHTS // width)
+    scratch = torch.empty(min(step, outputs), width // group, group)
+    for start in range(0, outputs, step):
+        rows = scratch[: min(step, outputs - start)]
+        rows.view(rows.shape[0], width).copy_(weight[start : start + step])
+        lowest, highest = torch.aminmax(rows, dim=2)
+        scale = ((highest - lowest) / LEVELS).half()
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        offset = (lowest + 128 * scale.float()).half()  # the weight int8 0 stands for
+        rows.sub_(offset.float()[..., None]).div_(scale.float()[..., None]).round_().clamp_(-128, 127)
+        values[start : start + step] = rows.view(rows.shape[0], width)
+        scales[start : start + step], offsets[start : start + step] = scale, offset
+    return Int8Weight(values, scales, offsets)
+
+
+def int8_product(inputs: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """``inputs @ weight.T + bias`` in float32, the int8 weight upcast a tile of
+    :data:`TILE_WEIGHTS` at a time for a few rows, at once for many (the tile is allocated per
+    call: thread-safe, traceable, and as fast as a kept buffer, since the allocator reuses it)."""
+    import torch
+    from torch.nn import functional
+
+    outputs, width = weight.values.shape
+    flat = inputs.reshape(-1, width)
+    step = max(1, TILE_WEIGHTS // width) if flat.shape[0] < TILED_ROWS else outputs
+    tile = flat.new_empty(min(step, outputs), width)
+
+    def upcast(start: int) -> torch.Tensor:
+        rows = slice(start, start + step)
+        part = tile[: min(step, outputs - start)].copy_(weight.values[rows])
+        grouped = part.view(part.shape[0], -1, weight.group)
+        grouped.mul_(weight.scales[rows, :, None]).add_(weight.offsets[rows, :, None])
+        return part
+
+    if step >= outputs:
+        result = functional.linear(flat, upcast(0))
+    else:
+        result = flat.new_empty(flat.shape[0], outputs)
+        for start in range(0, outputs, step):
+            result[:, start : start + step] = functional.linear(flat, upcast(start))
+    if bias is not None:
+        result.add_(bias)
+    return torch.reshape(result, (*inputs.shape[:-1], outputs))
+
+
+def hold_int8(module: nn.Linear) -> None:
+    """Replace ``module``'s weight by its int8 form (buffers ``int8_weight``, ``weight_scales`` and
+    ``weight_offsets``; ``weight`` becomes None) and its forward by :func:`int8_product`."""
+    weight = to_int8(module.weight)
+    module.register_buffer("int8_weight", weight.values, persistent=False)
+    module.register_buffer("weight_scales", weight.scales, persistent=False)
+    module.register_buffer("weight_offsets", weight.offsets, persistent=False)
+    module.register_parameter("weight", None)
+    if module.bias is not None:
+        module.bias.data = module.bias.data.float()
+
+    def forward(self: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
+        held = Int8Weight(
+            *(self.get_buffer(name) for name in ("int8_weight", "weight_scales", "weight_offsets"))
+        )
+        return int8_product(inputs, held, self.bias)
+
+    module.forward = types.MethodType(forward, module)  # type: ignore[method-assign] # this instance only
+
+
+def _float32_rows(embedding: nn.Embedding) -> None:
+    """Let a 16-bit embedding matrix give float32 rows, scaled in float32 where the family scales
+    them (Gemma's ``embed_scale``, which its own forward applies in the matrix's dtype), so they
+    equal a float32 matrix's rows and the layers after it compute in float32."""
+    import torch
+
+    def forward(self: nn.Embedding, inputs: torch.Tensor) -> torch.Tensor:
+        rows = torch.nn.Embedding.forward(self, inputs).float()
+        scale = getattr(self, "embed_scale", None)
+        return rows if scale is None else rows * scale.float()
+
+    embedding.forward = types.MethodType(forward, embedding)  # type: ignore[method-assign] # this instance only
+
+
+def hold_int8_weights(model: Any) -> int:
+    """Give every ``nn.Linear`` of ``model`` (loaded 16-bit, on the CPU) int8 weights, keep the
+    input embedding 16-bit with float32 rows, and make every other weight float32; returns how many
+    layers went int8. As :func:`~ragidx.indexer.model.packed_linear.pack_linear_weights` does, each
+    weight is copied out of the safetensors mapping as it is passed, so a file's mapping closes
+    once none of its weights is left in it and the model never holds its 16-bit self beside it.
+    """
+    import torch
+
+    embedding = model.get_input_embeddings()
+    converted = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.weight is not None:
+            hold_int8(module)
+            converted += 1
+            continue
+        for parameter in module.parameters(recurse=False):
+            dtype = parameter.dtype if module is embedding else torch.float32
+            parameter.data = parameter.data.to(dtype, copy=True)  # out of the file's mapping
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point() and module is not embedding:
+                setattr(module, name, buffer.float())
+    _float32_rows(embedding)
+    return converted

@@ -1,0 +1,179 @@
+"""int8 weights with float32 products (``--dtype int8``): the product equals its formula across
+tiles, a loaded model computes exactly what a float32 model with the same rounded weights computes
+(every strategy's hooks included), memory gives way to it under ``--dtype auto``, and a CPU
+without bf16 instructions times it against float32."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel
+
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model import int8_weights, memory, precision
+from ragidx.indexer.model.runtime import ModelRuntime, load_runtime, resolve_dtype
+from ragidx.indexer.strategies import REGISTRY, create_strategy
+
+# Token prepending's placeholder rows are set in the embedding's type, 16-bit here (float32 in the
+# reference): their rounding moves its vectors by up to 7e-4.
+PLACEHOLDER_ROUNDING = {"htp": 2e-3, "tp": 2e-3}
+TEXTS = ["Keep the compost heap damp and airy.", "Tides", "Turn the heap every week, so air gets in."]
+
+
+def rounded_by_hand(weight: torch.Tensor, group: int = int8_weights.GROUP) -> torch.Tensor:
+    """A weight as the int8 path holds it, computed here: each group of a row spans its minimum
+    to maximum in 255 steps, scale and offset (the weight int8 0 stands for) in float16."""
+    out = weight.clone()
+    for row in range(weight.shape[0]):
+        for start in range(0, weight.shape[1], group):
+            values = weight[row, start : start + group]
+            step = ((values.max() - values.min()) / 255).half().float()
+            step = step if step > 0 else torch.tensor(1.0)
+            zero = (values.min() + 128 * step).half().float()
+            out[row, start : start + group] = ((values - zero) / step).round().clamp(-128, 127) * step + zero
+    return out
+
+
+@pytest.mark.parametrize("tile", [int8_weights.TILE_WEIGHTS, 320])  # one tile; 5 rows a tile, 7 tiles
+@pytest.mark.parametrize("tokens", [5, 40])  # 10 rows: tiled; 80: the whole layer at once
+def test_the_int8_product_is_its_formula_across_tiles(monkeypatch, tile, tokens):
+    monkeypatch.setattr(int8_weights, "TILE_WEIGHTS", tile)
+    generator = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(64, 33, bias=True)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(33, 64, generator=generator))
+        layer.weight[3] = 0.25  # a row of equal weights: scale 1, no division by zero
+        # a 4-bit block (step 0.01): held to 1% of a step (the float16 scale's rounding)
+        layer.weight[4, :32] = torch.arange(16).repeat(2) * 0.01 - 0.02
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    inputs = torch.randn(2, tokens, 64, generator=generator)
+    int8_weights.hold_int8(layer)
+    assert layer.weight is None and layer.int8_weight.dtype == torch.int8
+    expected = inputs @ rounded_by_hand(weight).T + bias
+    torch.testing.assert_close(layer(inputs), expected, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(rounded_by_hand(weight)[3:5, :32], weight[3:5, :32], rtol=0, atol=1e-4)
+    spans = weight.view(33, 2, 32).amax(dim=2) - weight.view(33, 2, 32).amin(dim=2)
+    assert bool(((rounded_by_hand(weight) - weight).abs().view(33, 2, 32) <= spans[..., None] / 255).all())
+
+
+def test_a_row_that_does_not_split_into_groups_is_one_group():
+    layer = torch.nn.Linear(40, 3, bias=False)
+    weight = layer.weight.detach().clone()
+    int8_weights.hold_int8(layer)
+    assert layer.weight_scales.shape == (3, 1)
+    inputs = torch.randn(4, 40)
+    torch.testing.assert_close(layer(inputs), inputs @ rounded_by_hand(weight, 40).T, rtol=1e-6, atol=1e-5)
+
+
+def fake_int8_model(folder, kind=AutoModel) -> torch.nn.Module:
+    """The folder's model in float32 with every weight rounded as the int8 path rounds it: to the
+    16-bit type it loads in, then each linear layer's rows to int8 (an independent computation)."""
+    model = kind.from_pretrained(folder, dtype=torch.float32).eval()
+    head = model.get_output_embeddings()
+    if head is not None:  # a head tied to the embedding is rounded on its own; the embedding is not
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    with torch.no_grad():
+        for module in model.modules():
+            for parameter in module.parameters(recurse=False):
+                parameter.copy_(parameter.to(torch.bfloat16).float())
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(rounded_by_hand(module.weight))
+    return model
+
+
+def decoder_strategies() -> list[str]:
+    return sorted(name for name, cls in REGISTRY.items() if cls.decoder_only)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_an_int8_model_computes_what_float32_computes_with_the_same_rounded_weights(tiny_models, arch):
+    """Every decoder strategy (value hooks, re-routed attention, placeholders, captured states)
+    gives the vectors of a float32 model holding the same rounded weights; single texts go through
+    a trace that equals them too."""
+    folder = str(tiny_models[arch])
+    runtime = load_runtime(folder, device="cpu", dtype="int8")
+    assert runtime.precision == "int8" and runtime.dtype == torch.float32
+    linears = [module for module in runtime.model.modules() if isinstance(module, torch.nn.Linear)]
+    assert linears and all(module.weight is None and hasattr(module, "int8_weight") for module in linears)
+    embedding = runtime.model.get_input_embeddings().weight
+    assert embedding.dtype == torch.bfloat16
+    assert {p.dtype for p in runtime.model.parameters() if p is not embedding} == {torch.float32}
+    reference = ModelRuntime(fake_int8_model(folder), runtime.tokenizer, "reference")
+    names = decoder_strategies() if arch == "llama" else ["mean", "aligned-wva", "kv-embedding", "htp", "cp"]
+    for name in names:
+        got = create_strategy(name, runtime).encode(TEXTS, "document")
+        expected = create_strategy(name, reference).encode(TEXTS, "document")
+        np.testing.assert_allclose(got, expected, atol=PLACEHOLDER_ROUNDING.get(name, 2e-5), err_msg=name)
+    strategy = create_strategy("aligned-wva", runtime)
+    singles = np.stack([strategy.encode([text], "query")[0] for text in TEXTS])
+    assert strategy.one_row.trace is not None
+    np.testing.assert_allclose(singles, strategy.encode(TEXTS, "query"), atol=2e-5)
+
+
+def test_an_int8_model_answers_with_an_int8_head_of_its_own(tmp_path):
+    """``ragidx ask`` on an int8 model: the tied head is an int8 copy of the embedding (which
+    stays 16-bit for the model's input), and the logits are the rounded float32 model's."""
+    from tiny_models import save_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    from ragidx.app.generation import causal_lm
+
+    folder = save_tiny_model("llama", tmp_path / "llama", overrides={"tie_word_embeddings": True})
+    ours = causal_lm(load_runtime(str(folder), device="cpu", dtype="int8"))
+    theirs = fake_int8_model(folder, AutoModelForCausalLM)
+    ids = torch.tensor([[1, 17, 230, 5, 99, 41, 7]])
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=1e-5, atol=1e-5)
+    assert ours.lm_head.int8_weight.dtype == torch.int8
+    assert ours.get_input_embeddings().weight.dtype == torch.bfloat16
+
+
+def test_auto_gives_way_to_memory_and_a_refusal_names_what_fits(monkeypatch):
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 3_000)
+    assert memory.fitting_dtype(1_000, "float32", "cpu") == "bfloat16"  # 2,000 bytes
+    assert memory.fitting_dtype(2_000, "float32", "cpu") == "int8"  # 2,500 bytes
+    assert memory.fitting_dtype(2_000, "bfloat16", "cuda") == "int8"
+    assert memory.fitting_dtype(9_000, "float32", "cpu") == "float32"
+    with pytest.raises(RagidxError, match=r"in float32 and cpu has 0\.0 GB available; use --dtype int8 \("):
+        memory.check_fits("m", 2_000, "float32", "cpu")
+
+
+def test_the_memory_fallback_loads_int8_where_float32_would_not_fit(tiny_models, monkeypatch):
+    folder = tiny_models["llama"]
+    parameters = memory.folder_parameters(folder)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: int(parameters * 1.5))
+    assert load_runtime(str(folder), device="cpu", dtype="auto").precision == "int8"
+    with pytest.raises(RagidxError, match=r"does not fit.* use --dtype int8"):
+        load_runtime(str(folder), device="cpu", dtype="float32")
+
+
+SHAPE = SimpleNamespace(hidden_size=576, intermediate_size=1536)
+
+
+@pytest.mark.parametrize(("int8_gflops", "chosen"), [(96.0, "int8"), (94.0, "float32")])
+def test_without_bf16_instructions_auto_takes_int8_within_five_percent_of_float32(
+    monkeypatch, tmp_path, int8_gflops, chosen
+):
+    monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(precision, "cpu_has_bfloat16_instructions", lambda: False)
+    timed = []
+
+    def rate(dtype, inputs, outputs, *args):
+        timed.append(dtype)
+        return {"float32": 100.0e9, "int8": int8_gflops * 1e9}[dtype]
+
+    monkeypatch.setattr(precision, "linear_flops_per_second", rate)
+    assert resolve_dtype("auto", "cpu", SHAPE) == chosen
+    assert resolve_dtype("auto", "cpu", SHAPE) == chosen  # cached: timed once
+    assert timed == ["float32", "int8"]
+    (entry,) = json.loads((tmp_path / "precision.json").read_text()).values()
+    assert entry == {"candidate": "int8", "float32_gflops": 100.0, "candidate_gflops": int8_gflops}
+
+
+def test_the_int8_probe_times_a_real_product():
+    rate = precision.linear_flops_per_second("int8", 64, 128, tokens=32, seconds=0.05)
+    assert 1e6 < rate < 1e14
