@@ -39,9 +39,10 @@ def rounded_by_hand(weight: torch.Tensor, group: int = int8_weights.GROUP) -> to
 
 
 @pytest.mark.parametrize("tile", [int8_weights.TILE_WEIGHTS, 320])  # one tile; 5 rows a tile, 7 tiles
-@pytest.mark.parametrize("tokens", [5, 40])  # 10 rows: tiled; 80: the whole layer at once
+@pytest.mark.parametrize("tokens", [5, 600])  # 10 rows; 1,200: the wider tiles of a big batch
 def test_the_int8_product_is_its_formula_across_tiles(monkeypatch, tile, tokens):
     monkeypatch.setattr(int8_weights, "TILE_WEIGHTS", tile)
+    monkeypatch.setattr(int8_weights, "MANY_ROWS_TILE_WEIGHTS", 2 * tile)  # 10 rows a tile, 4 tiles
     generator = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(64, 33, bias=True)
     with torch.no_grad():

@@ -104,25 +104,29 @@ def test_incremental_build_embeds_only_what_changed(workspace, tiny_models, tmp_
     assert json.loads(lexical)[0]["path"].endswith("shipping.txt")
 
 
-def test_an_incremental_build_embeds_in_the_dtype_the_index_was_built_in(corpus, tiny_models, tmp_path):
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_an_incremental_build_embeds_in_the_dtype_the_index_was_built_in(
+    corpus, tiny_models, tmp_path, dtype
+):
     from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
 
     model, index = tiny_models["qwen2"], tmp_path / "index"
-    built = build(corpus, index, model, "--dtype", "bfloat16", "--strategy", "prompteol")
-    assert built["dtype"] == "bfloat16"
+    built = build(corpus, index, model, "--dtype", dtype, "--strategy", "prompteol")
+    assert built["dtype"] == dtype
     note = corpus / "notes" / "kites.md"
     note.write_text("A kite flies because the wind pushes on its sail.\n")
-    assert build(corpus, index, model)["dtype"] == "bfloat16"  # auto: the index's dtype
+    assert build(corpus, index, model)["dtype"] == dtype  # auto: the index's dtype
     (_, stored), *more = [v for (path, _), v in stored_vectors(index).items() if path == str(note)]
     assert not more
     text = note.read_text()
-    for dtype, expected in (("bfloat16", 0.99999), ("float32", None)):
-        runtime = load_runtime(str(model), device="cpu", dtype=dtype)
+    for each, expected in ((dtype, 0.99999), ("float32", None)):
+        runtime = load_runtime(str(model), device="cpu", dtype=each)
         cosine = float(create_strategy("prompteol", runtime).encode([text])[0] @ stored)
         if expected:
             assert cosine > expected
         else:
+            print(f"{dtype} to float32: {cosine}")
             assert cosine < 0.9999  # float32 would give a visibly different vector on this model
 
 

@@ -6,9 +6,9 @@ keeps its weights as int8 in groups of :data:`GROUP` along a row, each group wit
 and offset (float16). That is how a GGUF file's 4- and 8-bit blocks are made (32 weights, a
 scale and a minimum), so a GGUF model's weights come back almost exactly (cosine to float32's
 vectors >= 0.9999 on the packaged models, against 0.997 with one scale per row;
-docs/precision.md). A forward upcasts the weights a tile at a time into a float32 tile of about
-4 MB, which stays in the CPU's cache while float32 products read it, and nothing else is ever
-float32. The embedding matrix stays 16-bit (the GGUF cache's own values) and gives float32 rows.
+docs/precision.md). A forward upcasts the weights a tile at a time into a float32 tile of 8 MB (32 for
+a big batch), which stays in the CPU's cache while float32 products read it, and nothing else is
+ever float32. The embedding matrix stays 16-bit (the GGUF cache's own values) and gives float32 rows.
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-# Weights upcast at once: 4 MB of float32, which stays in a core's L2/L3 cache while the product
-# reads it (1M: 0.85x float32's time on a 1B model's one-row forward; 256K: 0.97x; whole layers:
-# 1.5x, as the float32 copy then goes through memory; docs/precision.md).
-TILE_WEIGHTS = 1 << 20
-# From this many rows on, a layer's weights are upcast at once: the product then dwarfs the upcast,
-# and tiles would cost a copy of each tile's outputs into the result (Gemma 3 at 32 x 256 tokens:
-# 1.13x float32's time tiled).
-TILED_ROWS = 64
+# Weights upcast at once: 2M (8 MB of float32), which stays in cache while the product reads it,
+# for up to MANY_ROWS rows, and 8M beyond, where wider tiles keep the products efficient (measured on
+# a 1B model's layers, int8 / float32 time: 0.88-1.02 at 16 and 256 rows with 2M, 0.99-1.00 at 2048
+# rows with 8M; a whole layer at once: 1.4x at 256 rows, as its float32 copy goes through memory;
+# docs/precision.md).
+TILE_WEIGHTS = 1 << 21
+MANY_ROWS, MANY_ROWS_TILE_WEIGHTS = 1024, 1 << 23
 GROUP = 32  # weights sharing a scale and an offset: a GGUF block
 LEVELS = 255  # an int8 spans 256 values: -128 .. 127
 
@@ -59,6 +58,7 @@ def to_int8(weight: torch.Tensor) -> Int8Weight:
     fragmented with the model's int8 weights among them (+0.5 GB of RSS on a 1B model)."""
     import torch
 
+    weight = weight.detach()
     outputs, width = weight.shape
     group = group_size(width)
     values = torch.empty(outputs, width, dtype=torch.int8)
@@ -80,30 +80,23 @@ def to_int8(weight: torch.Tensor) -> Int8Weight:
 
 
 def int8_product(inputs: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """``inputs @ weight.T + bias`` in float32, the int8 weight upcast a tile of
-    :data:`TILE_WEIGHTS` at a time for a few rows, at once for many (the tile is allocated per
-    call: thread-safe, traceable, and as fast as a kept buffer, since the allocator reuses it)."""
+    """``inputs @ weight.T + bias`` in float32, the int8 weight upcast a tile of rows at a time and
+    each tile's product written straight into its columns of the result (the tile is allocated
+    per call: thread-safe, traceable, and as fast as a kept buffer, since the allocator reuses it)."""
     import torch
-    from torch.nn import functional
 
     outputs, width = weight.values.shape
     flat = inputs.reshape(-1, width)
-    step = max(1, TILE_WEIGHTS // width) if flat.shape[0] < TILED_ROWS else outputs
+    tile_weights = TILE_WEIGHTS if flat.shape[0] < MANY_ROWS else MANY_ROWS_TILE_WEIGHTS
+    step = max(1, tile_weights // width)
     tile = flat.new_empty(min(step, outputs), width)
-
-    def upcast(start: int) -> torch.Tensor:
+    result = flat.new_empty(flat.shape[0], outputs)
+    for start in range(0, outputs, step):
         rows = slice(start, start + step)
         part = tile[: min(step, outputs - start)].copy_(weight.values[rows])
         grouped = part.view(part.shape[0], -1, weight.group)
         grouped.mul_(weight.scales[rows, :, None]).add_(weight.offsets[rows, :, None])
-        return part
-
-    if step >= outputs:
-        result = functional.linear(flat, upcast(0))
-    else:
-        result = flat.new_empty(flat.shape[0], outputs)
-        for start in range(0, outputs, step):
-            result[:, start : start + step] = functional.linear(flat, upcast(start))
+        torch.mm(flat, part.t(), out=result[:, rows])
     if bias is not None:
         result.add_(bias)
     return torch.reshape(result, (*inputs.shape[:-1], outputs))

@@ -21,6 +21,11 @@ from typing import Any
 from ragidx.indexer.cache import cache_dir, read_json_cache, write_json_cache
 
 PROBE_TOKENS = 256  # rows of the probe's product: a typical batch slice, large enough to be steady
+# int8 weights pay an upcast per product, which a build's batches (thousands of rows) amortise and a
+# 256-row probe of one layer, whose float32 weights stay in cache, does not: at 256 rows SmolLM2's
+# widest layer measured 0.93x float32 where the whole model's batches ran at 1.00x; so int8 is
+# probed at a build batch's size.
+INT8_PROBE_TOKENS = 2048
 PROBE_SECONDS = 0.4  # per dtype
 # The speed, relative to float32, a candidate needs to be chosen: bf16 must be clearly faster (below
 # 1.2x, rounding is not worth the speed and noise could flip it); int8 weights hold a quarter of
@@ -120,10 +125,11 @@ def _cpu_name() -> str:
 
 def probe_precision(hidden: int, intermediate: int, candidate: str) -> PrecisionProbe:
     """Time the model's widest product (hidden -> intermediate) in float32 and ``candidate``, now."""
+    tokens = INT8_PROBE_TOKENS if candidate == "int8" else PROBE_TOKENS
     return PrecisionProbe(
         candidate=candidate,
-        float32_gflops=linear_flops_per_second("float32", hidden, intermediate) / 1e9,
-        candidate_gflops=linear_flops_per_second(candidate, hidden, intermediate) / 1e9,
+        float32_gflops=linear_flops_per_second("float32", hidden, intermediate, tokens) / 1e9,
+        candidate_gflops=linear_flops_per_second(candidate, hidden, intermediate, tokens) / 1e9,
     )
 
 
