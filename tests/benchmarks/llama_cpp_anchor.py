@@ -101,7 +101,7 @@ def main() -> None:
             best[name] = min(best.get(name, took), took)
     print(
         f"{Path(path).name}, {len(texts)} passages of {arguments.words} words, {tokens} tokens, "
-        f"{arguments.threads} threads, ragidx dtype {embedder.strategy.runtime.dtype}"
+        f"{arguments.threads} threads, ragidx dtype {embedder.strategy.runtime.precision}"
     )
     for name, took in best.items():
         print(f"{name:>9}: {took:6.2f} s  ({tokens / took:7.1f} tokens/s)")
