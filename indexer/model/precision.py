@@ -5,8 +5,8 @@ instructions (AVX512-BF16, AMX) turn that into speed: elsewhere oneDNN converts 
 back, and bf16 runs at 0.4-0.7x float32 (docs/precision.md). So a CPU with those instructions
 times a model-shaped matrix product in float32 and bf16 (about a second, cached per machine) and
 keeps bf16 only where it is clearly faster. A CPU without them times float32 against int8
-weights with float32 products (:mod:`ragidx.indexer.model.int8_weights`: a quarter of the
-memory) and keeps int8 wherever it is within 5% of float32's speed.
+weights with float32 products (:mod:`ragidx.indexer.model.int8_weights`: under a third of
+the memory) and keeps int8 wherever it is within 5% of float32's speed.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ PROBE_TOKENS = 256  # rows of the probe's product: a typical batch slice, large 
 INT8_PROBE_TOKENS = 2048
 PROBE_SECONDS = 0.4  # per dtype
 # The speed, relative to float32, a candidate needs to be chosen: bf16 must be clearly faster (below
-# 1.2x, rounding is not worth the speed and noise could flip it); int8 weights hold a quarter of
-# the memory for the same float32 products, so they need only be about as fast.
+# 1.2x, rounding is not worth the speed and noise could flip it); int8 weights hold under a third
+# of the memory for the same float32 products, so they need only be about as fast.
 SPEED_NEEDED = {"bfloat16": 1.2, "int8": 1 / 1.05}
 # Below this width a product is so small (64 -> 128: ~2 MFLOP) that both dtypes run at the same
 # per-call overhead (measured 0.98-1.01x here), so the probe would time noise: float32, unprobed.
