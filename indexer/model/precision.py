@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ragidx.indexer.cache import cache_dir, read_json_cache, write_json_cache
+from ragidx.indexer.model.int8_weights import hold_int8
 
 PROBE_TOKENS = 256  # rows of the probe's product: a typical batch slice, large enough to be steady
 # int8 weights pay an upcast per product, which a build's batches (thousands of rows) amortise and a
@@ -56,8 +57,6 @@ def linear_flops_per_second(
     """FLOP/s of a ``tokens x inputs -> outputs`` linear layer in ``dtype`` on the CPU (``int8``:
     int8 weights, float32 products, as a model in that dtype runs them)."""
     import torch
-
-    from ragidx.indexer.model.int8_weights import hold_int8
 
     layer = torch.nn.Linear(inputs, outputs, bias=False).requires_grad_(False)
     if dtype == "int8":
