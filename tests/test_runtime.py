@@ -150,10 +150,11 @@ def test_a_damaged_precision_cache_is_measured_again(probes):
     assert len(probes.calls) == 2
 
 
-def test_the_precision_probe_times_a_real_product():
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_the_precision_probe_times_a_real_product(dtype):
     from ragidx.indexer.model.precision import linear_flops_per_second
 
-    rate = linear_flops_per_second("float32", 64, 128, tokens=32, seconds=0.05)
+    rate = linear_flops_per_second(dtype, 64, 128, tokens=32, seconds=0.05)
     assert 1e6 < rate < 1e14  # FLOP/s, not seconds or GFLOP/s
 
 

@@ -136,21 +136,19 @@ def _float32_rows(embedding: nn.Embedding) -> None:
     embedding.forward = types.MethodType(forward, embedding)  # type: ignore[method-assign] # this instance only
 
 
-def hold_int8_weights(model: Any) -> int:
+def hold_int8_weights(model: Any) -> None:
     """Give every ``nn.Linear`` of ``model`` (loaded 16-bit, on the CPU) int8 weights, keep the
-    input embedding 16-bit with float32 rows, and make every other weight float32; returns how many
-    layers went int8. As :func:`~ragidx.indexer.model.packed_linear.pack_linear_weights` does, each
-    weight is copied out of the safetensors mapping as it is passed, so a file's mapping closes
-    once none of its weights is left in it and the model never holds its 16-bit self beside it.
+    input embedding 16-bit with float32 rows, and make every other weight float32. As
+    :func:`~ragidx.indexer.model.packed_linear.pack_linear_weights` does, each weight is copied out
+    of the safetensors mapping as it is passed, so a file's mapping closes once none of its weights
+    is left in it and the model never holds its 16-bit self beside it.
     """
     import torch
 
     embedding = model.get_input_embeddings()
-    converted = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.weight is not None:
             hold_int8(module)
-            converted += 1
             continue
         for parameter in module.parameters(recurse=False):
             dtype = parameter.dtype if module is embedding else torch.float32
@@ -159,4 +157,3 @@ def hold_int8_weights(model: Any) -> int:
             if buffer.is_floating_point() and module is not embedding:
                 setattr(module, name, buffer.float())
     _float32_rows(embedding)
-    return converted

@@ -21,6 +21,7 @@ from ragidx.indexer.errors import RagidxError
 # and the embedding's share in 16 bits; that share is not known from a header, so all weights count
 # 1.25 bytes (measured: a random 8B GGUF peaked at 9.1 GB against 9.0 counted, a 1B at 1.9 / 1.3).
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.25}
+LEANEST = "int8"  # what a run can hold a model in at the least
 CACHE_BYTES_PER_WEIGHT = 2  # a converted GGUF's weights are 16-bit
 DISK_MARGIN = 1.05  # the converted copy: 16-bit weights, plus config, tokenizer and shard headers
 

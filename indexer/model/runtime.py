@@ -18,7 +18,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.choices import DEVICES, DTYPES
 from ragidx.indexer.model.gguf import is_converted
 from ragidx.indexer.model.int8_weights import hold_int8_weights
-from ragidx.indexer.model.memory import check_fits, fitting_dtype, folder_parameters, leaner_dtypes
+from ragidx.indexer.model.memory import LEANEST, check_fits, fitting_dtype, folder_parameters
 from ragidx.indexer.model.packed_linear import pack_linear_weights
 from ragidx.indexer.model.precision import cpu_auto_dtype
 from ragidx.indexer.model.quiet import quiet_transformers
@@ -399,8 +399,8 @@ def load_runtime(
     model = source.model_id
     device = resolve_device(device)
     if source.gguf and source.gguf.header and not is_converted(source.gguf):
-        # before a conversion that could take minutes: would even a 16-bit run fit?
-        check_fits(model, source.gguf.header.parameters, leaner_dtypes("float32")[-1], device)
+        # before a conversion that could take minutes: would even the leanest run fit?
+        check_fits(model, source.gguf.header.parameters, LEANEST, device)
     location = source.loadable()
     config = _load_config(location, model, trust_remote_code)
     if config.model_type not in DECODER_TYPES + ENCODER_TYPES:
