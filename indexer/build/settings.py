@@ -17,6 +17,7 @@ from typing import Any
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES, FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.model.batch_size import device_batch
 from ragidx.indexer.model.choices import default_model
 from ragidx.indexer.model.runtime import ModelRuntime, load_runtime
 from ragidx.indexer.model.sources import canonical_model_id, check_same_file, resolve_model
@@ -26,7 +27,6 @@ from ragidx.indexer.storage.stores import resolve_store, store_from_meta
 from ragidx.indexer.storage.vector_store import StoreSpec
 from ragidx.indexer.strategies import (
     OPTION_SPECS,
-    BatchSettings,
     Strategy,
     auto_strategy,
     create_strategy,
@@ -151,8 +151,8 @@ class BuildOptions:
     index_dir: Path = field(default_factory=default_index_dir)
     device: str = "auto"
     dtype: str = "auto"
-    batch_size: int = 32
-    max_batch_tokens: int = 16384
+    batch_size: int | None = None  # None: the device's (indexer.model.batch_size)
+    max_batch_tokens: int | None = None
     max_length: int | None = None
     chunk_tokens: int | None = None
     overlap_sentences: int | None = None
@@ -303,7 +303,7 @@ class Resolution:
             **self.given.strategy_options,
         }
         given = {key: value for key, value in given.items() if value is not None}
-        batch = BatchSettings(max_rows=self.given.batch_size, max_tokens=self.given.max_batch_tokens)
+        batch = device_batch(runtime, self.given.batch_size, self.given.max_batch_tokens)
         if self.inherited and self.inherited.strategy == name:
             return strategy_from_index(name, runtime, self.inherited.strategy_params, batch=batch, **given)
         return create_strategy(name, runtime, batch=batch, **given)

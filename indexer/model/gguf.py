@@ -339,6 +339,7 @@ def _convert(gguf: GgufFile, target: Path) -> None:
         from gguf import GGUFReader
 
         reader = GGUFReader(path)
+        _check_beginning_token(tokenizer, reader, gguf.shown)
         architecture = read_field(reader, "general.architecture")[0]
         processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
         with torch.device("meta"):
@@ -374,6 +375,23 @@ def _convert(gguf: GgufFile, target: Path) -> None:
     }
     (target / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     _fsync_folder(target)
+
+
+def _check_beginning_token(tokenizer: Any, reader: Any, shown: str) -> None:
+    """Refuse a conversion whose tokenizer drops the beginning-of-text token the GGUF file asks for
+    (``tokenizer.ggml.add_bos_token``): transformers before 5.23 converted Gemma 3's that way (before
+    5.18, into single characters too), and every vector of such ids is worthless (docs/gpu.md)."""
+    field = reader.fields.get("tokenizer.ggml.add_bos_token")
+    if field is None or not field.contents():
+        return
+    ids = tokenizer("a")["input_ids"]
+    if not ids or ids[0] != tokenizer.bos_token_id:
+        import transformers
+
+        raise RagidxError(
+            f"transformers {transformers.__version__} converts the tokenizer of '{shown}' without its "
+            "beginning-of-text token; upgrade it: pip install -U 'transformers>=5.23'"
+        )
 
 
 def _dequantised(tensor: Any, processor: Any, dtype: Any) -> Any:

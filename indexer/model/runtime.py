@@ -185,6 +185,7 @@ class ModelRuntime:
         self.arch = architecture_view(model)
         self.layers_run = 0
         self.layers_available = 0
+        self.padded_tokens = 0  # cells of every batch padded so far, real tokens and padding (benchmarks)
         for layer in self.arch.layers:
             layer.register_forward_pre_hook(self._count_layer)
 
@@ -239,6 +240,7 @@ class ModelRuntime:
             columns = slice(width - len(seq), width) if padding_side == "left" else slice(0, len(seq))
             ids[row, columns] = torch.as_tensor(seq, dtype=torch.long)
             mask[row, columns] = 1
+        self.padded_tokens += ids.numel()
         return Batch(indices, ids.to(self.device), mask.to(self.device))
 
     @overload

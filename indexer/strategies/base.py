@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.batch_size import BatchSettings, device_batch
 from ragidx.indexer.model.threads import threads_for_one_text
 from ragidx.indexer.roles import ROLES, Role
 from ragidx.indexer.strategies.options import StrategyOptions
@@ -40,14 +41,6 @@ class PooledText(PreparedText):
     """A prepared text whose readout averages a chosen set of positions (the text's own tokens)."""
 
     pooled: list[int]
-
-
-@dataclass(frozen=True)
-class BatchSettings:
-    """How many rows and padded tokens one forward pass may take; never changes a vector."""
-
-    max_rows: int = 32
-    max_tokens: int = 16384
 
 
 def preprocess_for_prompt(text: str) -> str:
@@ -132,7 +125,7 @@ class Strategy(ABC):
             query_template or self.default_query_template, "query template", self.text_slots
         )
         self.max_length = min(max_length or self.default_max_length, runtime.max_positions)
-        self.batch = batch or BatchSettings()
+        self.batch = batch or device_batch(runtime)
         self.options = options if options is not None else self.Options()
         self.truncated = 0
         self.one_row = TracedReadout(runtime, self._readout_of_ids) if self.traceable else None

@@ -12,6 +12,8 @@ Tracing takes about a second, so it happens at a strategy's second one-row reado
 once. A trace fixes every Python decision the forward took for its example row, so it is replayed
 only where those decisions cannot differ: one row (nothing padded, so no mask), on a CPU, with
 rotary positions that do not depend on the length, and no longer than a sliding attention window.
+On CUDA the replay was twice as fast but not equal to the eager forward (cosine 0.9962 on an
+8B-shaped model, H200), and the eager one already answers in about 20 ms (docs/gpu.md): it stays off.
 """
 
 from __future__ import annotations

@@ -83,10 +83,14 @@ def random_tensor(name: str, dims: tuple[int, ...], rng: np.random.Generator) ->
     return rng.normal(0.0, 0.02, size=dims).astype(np.float32)
 
 
-def copy_tokenizer(source: GGUFReader, writer: GGUFWriter) -> int:
-    """Copy the tokenizer fields of ``source``; the vocabulary size."""
+def copy_tokenizer(source: GGUFReader, writer: GGUFWriter, add_bos: bool | None = None) -> int:
+    """Copy the tokenizer fields of ``source`` (``add_bos``: whether it asks for a beginning-of-text
+    token, where given); the vocabulary size."""
     for key, field in source.fields.items():
         if not key.startswith(TOKENIZER_PREFIX):
+            continue
+        if key == "tokenizer.ggml.add_bos_token" and add_bos is not None:
+            writer.add_bool(key, add_bos)
             continue
         kind = field.types[0]
         if kind == GGUFValueType.ARRAY:
@@ -97,7 +101,12 @@ def copy_tokenizer(source: GGUFReader, writer: GGUFWriter) -> int:
 
 
 def write_random_gguf(
-    out: Path, label: str, kind: GGMLQuantizationType, seed: int = 0, architecture: str = "llama"
+    out: Path,
+    label: str,
+    kind: GGMLQuantizationType,
+    seed: int = 0,
+    architecture: str = "llama",
+    add_bos: bool | None = None,
 ) -> int:
     """Write the file of shape ``SHAPES[label]``; the number of parameters."""
     shape = SHAPES[label]
@@ -114,7 +123,7 @@ def write_random_gguf(
     writer.add_rope_freq_base(500000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(FILE_TYPES[kind])
-    vocabulary = copy_tokenizer(source, writer)
+    vocabulary = copy_tokenizer(source, writer, add_bos)
     writer.add_vocab_size(vocabulary)
     tensors = tensor_shapes(shape, vocabulary, architecture)
     stored = {name: kind if len(dims) > 1 else GGMLQuantizationType.F32 for name, dims in tensors.items()}

@@ -1,0 +1,301 @@
+"""The CUDA path measured on a GPU: vectors against the CPU's, batch sizes, one-query latency, and
+a random-weight model of Llama 3.1 8B's shape to run `ragidx bench` on (docs/gpu.md).
+
+Usage:
+  python tests/benchmarks/gpu.py facts
+  python tests/benchmarks/gpu.py vectors --model smollm2 [--device cuda] [--dtype bfloat16]
+  python tests/benchmarks/gpu.py random-model OUT_DIR --tokenizer-from FOLDER [--shape 8b|1b]
+  python tests/benchmarks/gpu.py speed --model M --texts DIR [--strategies mean,aligned-wva]
+      [--tokens 16384,65536,131072]
+
+``vectors`` embeds the sample corpus (two chunks a document) and eight questions with every strategy
+the model takes, in float32 on the CPU and in ``--dtype`` on ``--device``, and prints the cosines
+between them and where each question's document ranks. ``speed`` times each strategy's build
+at several batch sizes, then one-text readouts of a 16-word question eagerly and replayed from a
+trace. ``--device cpu`` runs any of them without a GPU (to try the script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from test_real_models import PROBES, SAMPLE_CORPUS
+
+CHUNKS_PER_DOCUMENT = 2
+SHAPES = {  # Llama 3.1 8B and Llama 3.2 1B: layers, width, MLP, heads, key-value heads, tied head
+    "8b": (32, 4096, 14336, 32, 8, False),
+    "1b": (16, 2048, 8192, 32, 8, True),
+}
+
+
+def facts() -> dict[str, object]:
+    """The GPU, torch and the host CPU's class (bf16 instructions or AVX2 only)."""
+    import torch
+
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if "model name" in line), "")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {
+        "gpu": gpu,
+        "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if gpu else 0,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "cpu": model,
+        "cpu_cores": len([line for line in flags.splitlines() if line.startswith("processor")]),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx_bf16": "amx_bf16" in flags,
+        "avx2": " avx2" in flags,
+    }
+
+
+def corpus_chunks(runtime, chunk_tokens: int) -> tuple[list[str], list[list[tuple[int, int]]], list[str]]:
+    """The first chunks of each sample document, their sentence spans, and their documents' names."""
+    from ragidx.indexer.ingest.chunking import Chunker
+    from ragidx.indexer.ingest.sources import SourceDocument, read_document, scan
+
+    chunker = Chunker(runtime.tokenizer, chunk_tokens, 1, None)
+    texts, sentences, owners = [], [], []
+    for found in scan([SAMPLE_CORPUS], keep_text=False).documents:
+        document = read_document(Path(found.path))
+        if not isinstance(document, SourceDocument):
+            continue
+        for chunk in chunker.chunk(document.text)[:CHUNKS_PER_DOCUMENT]:
+            texts.append(chunk.text)
+            sentences.append([(start - chunk.start, end - chunk.start) for start, end in chunk.sentences])
+            owners.append(Path(document.path).name)
+    return texts, sentences, owners
+
+
+def strategy_names(runtime) -> list[str]:
+    from ragidx.indexer.strategies import REGISTRY
+
+    if not runtime.arch.is_decoder:
+        return ["mean"]
+    return [*sorted(name for name, cls in REGISTRY.items() if cls.decoder_only), "mean"]
+
+
+def probe_ranks(documents: np.ndarray, queries: np.ndarray, owners: list[str]) -> tuple[int, float]:
+    """How many questions rank their document first, and the mean reciprocal rank."""
+    ranks = []
+    for probe, row in zip(PROBES, queries @ documents.T, strict=True):
+        ranked = list(dict.fromkeys(owners[i] for i in np.argsort(-row, kind="stable")))
+        ranks.append(ranked.index(PROBES[probe]) + 1)
+    return sum(rank == 1 for rank in ranks), float(np.mean([1 / rank for rank in ranks]))
+
+
+def vectors(model: str, device: str, dtype: str) -> list[dict[str, object]]:
+    """Every strategy's vectors on ``device`` in ``dtype`` against float32 on the CPU."""
+    import torch
+
+    from ragidx.indexer.model.runtime import load_runtime
+    from ragidx.indexer.strategies import create_strategy
+
+    exact = load_runtime(model, "cpu", "float32")
+    other = load_runtime(model, device, dtype)
+    rows = []
+    for name in strategy_names(exact):
+        runs = {}
+        for label, runtime in (("cpu float32", exact), (f"{device} {dtype}", other)):
+            strategy = create_strategy(name, runtime)
+            texts, sentences, owners = corpus_chunks(runtime, strategy.default_chunk_tokens)
+            strategy.encode(texts[:2], "document")  # warm-up
+            if runtime.device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            documents = strategy.encode(texts, "document", sentences=sentences)
+            seconds = time.perf_counter() - started
+            queries = strategy.encode(list(PROBES), "query")
+            runs[label] = (documents, queries, seconds, probe_ranks(documents, queries, owners))
+        (exact_docs, exact_queries, exact_seconds, exact_ranks), (docs, queries, seconds, ranks) = (
+            runs.values()
+        )
+        cosines = np.concatenate([np.sum(docs * exact_docs, axis=1), np.sum(queries * exact_queries, axis=1)])
+        row = {
+            "strategy": name,
+            "texts": len(cosines),
+            "cosine_min": float(cosines.min()),
+            "cosine_mean": float(cosines.mean()),
+            "found_first_cpu": exact_ranks[0],
+            "mrr_cpu": round(exact_ranks[1], 3),
+            f"found_first_{device}": ranks[0],
+            f"mrr_{device}": round(ranks[1], 3),
+            "seconds_cpu": round(exact_seconds, 3),
+            f"seconds_{device}": round(seconds, 3),
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def random_model(out: Path, tokenizer_from: Path, shape: str) -> None:
+    """A Llama of ``shape`` with random bf16 weights and SmolLM2's tokenizer, written as a model
+    folder (its vectors mean nothing; its costs are real). Built on the GPU where there is one."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaModel
+
+    layers, width, mlp, heads, kv_heads, tied = SHAPES[shape]
+    source = json.loads((tokenizer_from / "config.json").read_text())
+    config = LlamaConfig(
+        vocab_size=source["vocab_size"],
+        hidden_size=width,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
+        bos_token_id=source.get("bos_token_id"),
+        eos_token_id=source.get("eos_token_id"),
+        pad_token_id=source.get("pad_token_id"),
+    )
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = LlamaModel(config).to(torch.bfloat16)
+    model.save_pretrained(out, max_shard_size="4GB")
+    AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(out)  # its special tokens named
+    parameters = sum(p.numel() for p in model.parameters())
+    seconds = time.perf_counter() - started
+    print(f"{shape}-shaped Llama, {parameters / 1e9:.2f}B weights, written in {seconds:.0f} s")
+
+
+def batches(runtime, texts_dir: Path, strategy_name: str, token_budgets: list[int]) -> None:
+    """Tokens/s of one strategy at each batch size: the device's default (from free memory), the
+    CPU's 32 rows, then each budget of padded tokens (rows: a sixteenth of it)."""
+    import torch
+
+    from ragidx.app.research.bench import bench_texts
+    from ragidx.indexer.model.batch_size import BatchSettings
+    from ragidx.indexer.strategies import create_strategy
+
+    chunks = bench_texts(runtime, texts_dir, 256, None)
+    tokens = sum(len(ids) for ids in runtime.tokenize(chunks))
+    cuda = runtime.device.type == "cuda"
+    default = create_strategy(strategy_name, runtime).batch
+    settings = [
+        default,
+        BatchSettings(),
+        *(BatchSettings(max_rows=t // 16, max_tokens=t) for t in token_budgets),
+    ]
+    for batch in settings:
+        strategy = create_strategy(strategy_name, runtime, batch=batch)
+        strategy.encode(chunks[:64])
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        strategy.encode(chunks)
+        seconds = time.perf_counter() - started
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+        print(
+            f"{runtime.model_id} {strategy_name} {runtime.precision}: rows<={batch.max_rows} "
+            f"tokens<={batch.max_tokens}{' (default)' if batch is default else ''}: "
+            f"{tokens / seconds:,.0f} tokens/s ({len(chunks)} chunks, {tokens} tokens, {seconds:.2f} s), "
+            f"GPU peak {peak:.1f} GiB",
+            flush=True,
+        )
+
+
+def query(runtime, strategy_name: str, words: int, repeats: int = 20) -> None:
+    """One-text readouts of ``words``-word questions: eager, then replayed from a trace (allowed
+    here on any device, to measure it), their medians and whether the vectors are equal."""
+    import torch
+
+    from ragidx.indexer.strategies import create_strategy
+
+    sentence = (
+        "how does a heat pump move warmth from the cold air outside into a house in winter "
+        "and what does it cost to run compared with a gas boiler over a year and a half"
+    )
+    words_in_order = sentence.split(" ")
+    questions = [" ".join(words_in_order[i : i + words]) for i in range(repeats)]
+    tokens = len(runtime.tokenize(questions[:1])[0])
+    results = {}
+    for mode in ("eager", "traced"):
+        strategy = create_strategy(strategy_name, runtime)
+        if mode == "traced" and strategy.one_row is not None:
+            strategy.one_row.limit = None
+        for question in questions[:3]:
+            strategy.encode([question], "query")  # warm-up, and the trace recorded at the second
+        times, found = [], []
+        for question in questions:
+            if runtime.device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            found.append(strategy.encode([question], "query")[0])
+            times.append(1000 * (time.perf_counter() - started))
+        traced = strategy.one_row is not None and strategy.one_row.trace is not None
+        results[mode] = np.stack(found)
+        print(
+            f"{runtime.model_id} {strategy_name} {runtime.precision} on {runtime.device.type}, "
+            f"{tokens}-token query, {mode}{' (trace replayed)' if traced else ''}: "
+            f"p50 {statistics.median(times):.1f} ms, min {min(times):.1f} ms",
+            flush=True,
+        )
+    cosines = np.sum(results["eager"] * results["traced"], axis=1)
+    print(
+        f"traced vs eager: equal {np.array_equal(results['eager'], results['traced'])}, "
+        f"cosine min {cosines.min():.6f}",
+        flush=True,
+    )
+
+
+def speed(model: str, texts_dir: Path, strategies: list[str], budgets: list[int], device: str) -> None:
+    """:func:`batches` for each strategy, then :func:`query` for each, on one loaded model."""
+    from ragidx.indexer.model.runtime import load_runtime
+
+    started = time.perf_counter()
+    runtime = load_runtime(model, device, "auto")
+    print(f"{model} loaded on {device} in {runtime.precision} in {time.perf_counter() - started:.1f} s")
+    for name in strategies:
+        batches(runtime, texts_dir, name, budgets)
+    for name in strategies:
+        query(runtime, name, 16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("facts")
+    each = commands.add_parser("vectors")
+    each.add_argument("--model", required=True)
+    each.add_argument("--device", default="cuda")
+    each.add_argument("--dtype", default="bfloat16")
+    each = commands.add_parser("random-model")
+    each.add_argument("out", type=Path)
+    each.add_argument("--tokenizer-from", type=Path, required=True)
+    each.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    each = commands.add_parser("speed")
+    each.add_argument("--model", required=True)
+    each.add_argument("--texts", type=Path, required=True)
+    each.add_argument("--strategies", default="mean,aligned-wva")
+    each.add_argument("--tokens", default="16384,65536,131072")
+    each.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    if args.command == "facts":
+        print(json.dumps(facts()))
+    elif args.command == "vectors":
+        vectors(args.model, args.device, args.dtype)
+    elif args.command == "random-model":
+        random_model(args.out, args.tokenizer_from, args.shape)
+    else:
+        budgets = [int(each) for each in args.tokens.split(",") if each]
+        speed(args.model, args.texts, args.strategies.split(","), budgets, args.device)
+
+
+if __name__ == "__main__":
+    main()
