@@ -1,11 +1,12 @@
 """`ragidx bench`: speed, memory and hardware efficiency of each strategy on this machine.
 
 Per strategy: embedding throughput (tokens/s and vectors/s), peak resident memory while
-embedding, warm query latency (embed one query, exact search), the fraction of decoder layers
-executed (early exit), and achieved FLOP/s against matrix-product probes in float32 and
-bfloat16. Beside them, an anchor: the same chunks through a hand-written transformers forward
-with mean pooling (or sentence-transformers' ``encode`` for an encoder, where installed), in the
-same dtype and batch size, so that ragidx's own overhead shows as a ratio measured in one run.
+embedding, warm query latency (embed one query, exact search; each query runs once untimed
+first), the fraction of decoder layers executed (early exit), and achieved FLOP/s against
+matrix-product probes in float32 and bfloat16. Beside them, an anchor: the same chunks through a
+hand-written transformers forward with mean pooling (or sentence-transformers' ``encode`` for an
+encoder, where installed), in the same dtype and batch size, so that ragidx's own overhead shows
+as a ratio measured in one run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from ragidx.indexer.ingest.sources import scan
 from ragidx.indexer.model.precision import best_flops_per_second
 from ragidx.indexer.model.runtime import load_runtime, resolve_device, resolve_dtype
 from ragidx.indexer.strategies import create_strategy, named_or_default
-from ragidx.indexer.strategies.traced_readout import TRACE_AT_CALL
 
 if TYPE_CHECKING:
     from ragidx.indexer.model.runtime import ModelRuntime
@@ -249,8 +249,8 @@ def bench_strategy(
     flops = count_flops(strategy, texts)
     search = faiss.IndexFlatIP(vectors.shape[1])
     search.add(vectors)
-    for query in queries[:TRACE_AT_CALL]:
-        strategy.encode([query], "query")  # warm: the second single text records the one-row trace
+    for query in queries:  # warm, untimed: the second single text records a CPU's one-row trace,
+        strategy.encode([query], "query")  # and on a GPU a length's first run picks its kernels
     latencies = []
     for query in queries:
         started = time.perf_counter()
