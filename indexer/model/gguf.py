@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
 from safetensors import SafetensorError
 
 from ragidx.indexer.cache import cache_dir, read_json_cache, write_json_cache
@@ -203,8 +204,6 @@ def unusable_conversion(folder: Path) -> str | None:
 
 
 def _older(version: str, than: str) -> bool:
-    from packaging.version import InvalidVersion, Version
-
     try:
         return Version(version) < Version(than)
     except InvalidVersion:
