@@ -261,3 +261,38 @@ def test_a_gpu_batch_grows_with_free_memory_between_the_cpu_batch_and_the_cap():
     assert (middle.max_tokens, middle.max_rows) == (28672, 1792)
     assert gpu_batch(1 * gib, per_token).max_tokens == 16384  # never below a CPU's batch
     assert gpu_batch(80 * gib, per_token).max_tokens == GPU_MAX_TOKENS
+
+
+@pytest.mark.parametrize("name", ["mean", "htp", "cp"])
+def test_a_batch_the_device_has_no_memory_for_is_embedded_in_halves(runtimes, name):
+    """A forward of more than two rows runs out of memory (as a GPU whose free memory another process
+    took would): the batch is split until it fits, every later batch is half as large, and the
+    vectors are those of an unhindered run; one text that does not fit is one line."""
+    import numpy as np
+
+    from ragidx.indexer.strategies import BatchSettings, create_strategy
+
+    texts = [
+        f"Text {i}: the tide rose over the rocks. Gulls circled the light." * (1 + i % 3) for i in range(7)
+    ]
+    expected = create_strategy(name, runtimes["llama"], batch=BatchSettings(max_rows=8)).encode(texts)
+    strategy = create_strategy(name, runtimes["llama"], batch=BatchSettings(max_rows=8))
+    readout, seen = strategy.readout, []
+
+    def scarce(batch, rows):
+        seen.append(len(batch.indices))
+        if len(batch.indices) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return readout(batch, rows)
+
+    strategy.readout = scarce
+    np.testing.assert_allclose(strategy.encode(texts), expected, atol=1e-5)
+    # 7 rows fail; 3 fail, then 1 and 2 fit; 4 fail, then 2 and 2 fit; the batch halved at each split
+    assert seen == [7, 3, 1, 2, 4, 2, 2] and strategy.batch == BatchSettings(max_rows=2, max_tokens=2048)
+
+    def none_left(batch, rows):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    strategy.readout = none_left
+    with pytest.raises(RagidxError, match=r"^one text of \d+ tokens does not fit in the memory cpu has free"):
+        strategy.encode(texts[:1])

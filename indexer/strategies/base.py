@@ -236,14 +236,36 @@ class Strategy(ABC):
         one_text = len(texts) == 1 and self.runtime.device.type == "cpu"  # a query, as a rule
         with threads_for_one_text() if one_text else contextlib.nullcontext():
             for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):
-                if self.one_row:
-                    vectors = self.one_row(batch)
-                else:
-                    vectors = self.readout(batch, [prepared[i] for i in batch.indices])
-                out[batch.indices] = vectors.float().cpu().numpy()
+                out[batch.indices] = self._vectors(batch, prepared).float().cpu().numpy()
                 if progress:
                     progress(len(batch.indices), int(batch.lengths.sum()))
         return l2_normalise(out)
+
+    def _vectors(self, batch: Batch, prepared: Sequence[PreparedText]) -> torch.Tensor:
+        """The batch's readout; where the device runs out of memory, its two halves' (and every
+        later batch half as large): the GPU's batch is an estimate from free memory, which another
+        process can take, and a long text's attention can outgrow."""
+        import torch
+
+        try:
+            if self.one_row:
+                return self.one_row(batch)
+            return self.readout(batch, [prepared[i] for i in batch.indices])
+        except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError from torch 2.5 on
+            rows = len(batch.indices)
+            if rows == 1:
+                tokens = int(batch.lengths[0])
+                raise RagidxError(
+                    f"one text of {tokens} tokens does not fit in the memory {self.runtime.device} has "
+                    "free; use --max-length to cut texts shorter, or free memory"
+                ) from None
+        if self.runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+        half = rows // 2
+        self.batch = BatchSettings(max(1, half), max(1, self.batch.max_tokens // 2))
+        parts = [batch.indices[:half], batch.indices[half:]]
+        halves = [self.runtime.pad([prepared[i].ids for i in part], part) for part in parts]
+        return torch.cat([self._vectors(each, prepared) for each in halves])
 
     def _readout_of_ids(self, batch: Batch) -> torch.Tensor:
         """:meth:`readout` of a traceable strategy, which needs nothing of the rows but their ids."""
