@@ -85,11 +85,16 @@ class PeakDeviceMemory:
             self.peak = torch.cuda.max_memory_allocated()
 
 
+def probe_size(device: str) -> int:
+    """The side of the square product that measures ``device``'s peak."""
+    return PROBE_SIZES.get(device, PROBE_SIZES["cpu"])
+
+
 def matmul_peak_flops(dtype: str, device: str, seconds: float = PROBE_SECONDS) -> float:
     """Best FLOP/s of a square matrix product in ``dtype`` on ``device`` (0 where it cannot run)."""
     import torch
 
-    size = PROBE_SIZES.get(device, PROBE_SIZES["cpu"])
+    size = probe_size(device)
     try:
         a = torch.randn(size, size, dtype=getattr(torch, dtype), device=device)
         b = torch.randn(size, size, dtype=getattr(torch, dtype), device=device)
@@ -336,5 +341,4 @@ def run_bench(
             name = named_or_default(name, runtime)
             strategy = create_strategy(name, runtime)
             rows.append(bench_strategy(strategy, name, chunks, bench_queries(chunks, queries), peaks, anchor))
-    probe = PROBE_SIZES.get(device, PROBE_SIZES["cpu"])
-    return BenchReport(runtime.model_id, device, len(chunks), chunk_tokens, probe, peaks, rows)
+    return BenchReport(runtime.model_id, device, len(chunks), chunk_tokens, probe_size(device), peaks, rows)

@@ -335,6 +335,7 @@ def _convert(gguf: GgufFile, target: Path) -> None:
     per-architecture processing (Llama's q/k permutation, Gemma's norm offsets) are transformers'
     own; memory holds one shard and one tensor, never the model in float32."""
     import torch
+    import transformers
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
@@ -386,8 +387,6 @@ def _convert(gguf: GgufFile, target: Path) -> None:
     config.dtype = CACHE_DTYPE
     config.save_pretrained(target)
     tokenizer.save_pretrained(target)
-    import transformers
-
     manifest = {
         **gguf.record(),
         "transformers": transformers.__version__,

@@ -179,7 +179,7 @@ def batches(runtime, texts_dir: Path, strategy_name: str, token_budgets: list[in
     import torch
 
     from ragidx.app.research.bench import bench_texts
-    from ragidx.indexer.model.batch_size import BatchSettings
+    from ragidx.indexer.model.batch_size import ROW_TOKENS, BatchSettings
     from ragidx.indexer.strategies import create_strategy
 
     chunks = bench_texts(runtime, texts_dir, 256, None)
@@ -189,7 +189,7 @@ def batches(runtime, texts_dir: Path, strategy_name: str, token_budgets: list[in
     settings = [
         default,
         BatchSettings(),
-        *(BatchSettings(max_rows=t // 16, max_tokens=t) for t in token_budgets),
+        *(BatchSettings(max_rows=t // ROW_TOKENS, max_tokens=t) for t in token_budgets),
     ]
     for batch in settings:
         strategy = create_strategy(strategy_name, runtime, batch=batch)
