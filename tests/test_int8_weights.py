@@ -163,7 +163,9 @@ def test_without_bf16_instructions_auto_takes_int8_within_five_percent_of_float3
     monkeypatch.setattr(precision, "cpu_has_bfloat16_instructions", lambda: False)
     timed = []
 
-    def rate(dtype, inputs, outputs, *args):
+    monkeypatch.setattr(precision, "can_pack_linear_weights", lambda dtype: False)
+
+    def rate(dtype, inputs, outputs, *args, packed=False):
         timed.append(dtype)
         return {"float32": 100.0e9, "int8": int8_gflops * 1e9}[dtype]
 
@@ -172,4 +174,9 @@ def test_without_bf16_instructions_auto_takes_int8_within_five_percent_of_float3
     assert resolve_dtype("auto", "cpu", SHAPE) == chosen  # cached: timed once
     assert timed == ["float32", "int8"]
     (entry,) = json.loads((tmp_path / "precision.json").read_text()).values()
-    assert entry == {"candidate": "int8", "float32_gflops": 100.0, "candidate_gflops": int8_gflops}
+    assert entry == {
+        "candidate": "int8",
+        "float32_gflops": 100.0,
+        "packed_float32_gflops": 0.0,
+        "candidate_gflops": int8_gflops,
+    }

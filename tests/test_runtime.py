@@ -105,11 +105,13 @@ def probes(monkeypatch, tmp_path):
     monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(precision, "cpu_has_bfloat16_instructions", lambda: True)
     calls: list[tuple[int, int]] = []
-    measured = {"float32": 100.0, "bfloat16": 250.0}
+    measured = {"float32": 100.0, "packed float32": 0.0, "bfloat16": 250.0}
 
     def probe(hidden: int, intermediate: int, candidate: str) -> precision.PrecisionProbe:
         calls.append((hidden, intermediate))
-        return precision.PrecisionProbe(candidate, measured["float32"], measured[candidate])
+        return precision.PrecisionProbe(
+            candidate, measured["float32"], measured["packed float32"], measured[candidate]
+        )
 
     monkeypatch.setattr(precision, "probe_precision", probe)
     cache = tmp_path / "precision.json"
@@ -123,7 +125,12 @@ def test_auto_on_cpu_takes_the_dtype_measured_faster_and_measures_once_per_shape
     assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
     assert probes.calls == [(576, 1536)]
     (entry,) = json.loads(probes.cache.read_text()).values()
-    assert entry == {"candidate": "bfloat16", "float32_gflops": 100.0, "candidate_gflops": 250.0}
+    assert entry == {
+        "candidate": "bfloat16",
+        "float32_gflops": 100.0,
+        "packed_float32_gflops": 0.0,
+        "candidate_gflops": 250.0,
+    }
     tiny = SimpleNamespace(hidden_size=64, intermediate_size=128)
     assert resolve_dtype("auto", "cpu", tiny) == "float32"  # too small to time: never probed
     assert probes.calls == [(576, 1536)]
@@ -141,6 +148,42 @@ def test_auto_on_cpu_never_times_bfloat16_without_bf16_instructions(probes, monk
     assert resolve_dtype("auto", "cpu", SHAPE) == "int8"  # emulated bf16 is never faster: int8 is timed
 
 
+def test_auto_weighs_the_candidate_against_the_faster_float32_product(probes):
+    probes.measured.update({"packed float32": 220.0})  # bf16's 250 is 1.14x of it: not worth rounding
+    assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
+
+
+@pytest.mark.parametrize(("packed_gflops", "packs"), [(130.0, True), (90.0, False), (0.0, False)])
+def test_float32_weights_are_packed_only_where_measured_faster(
+    probes, monkeypatch, tiny_models, packed_gflops, packs
+):
+    """The tiny model is too small to probe (never packed); held to the probe here, a float32 load
+    packs exactly when the probe measured the packed product faster, and the forward then equals
+    transformers' own float32 model to rounding (oneDNN's product, not MKL's)."""
+    from transformers import AutoModel
+
+    from ragidx.indexer.model.packed_linear import can_pack_linear_weights
+
+    folder = str(tiny_models["llama"])
+    assert not any("forward" in vars(m) for m in load_runtime(folder, "cpu", "float32").model.modules())
+    monkeypatch.setattr(probes.module, "MIN_PROBED_HIDDEN", 0)
+    probes.measured.update({"packed float32": packed_gflops})
+    runtime = load_runtime(folder, device="cpu", dtype="float32")
+    packed = packs and can_pack_linear_weights("float32")
+    linears = [m for m in runtime.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(hasattr(m, "packed_weight") == packed for m in linears)
+    plain = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    batch = next(
+        runtime.batches(runtime.tokenize(["Some text here.", "Another, longer one to pad."]), 8, 10_000)
+    )
+    with torch.inference_mode():
+        expected = plain(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).last_hidden_state
+    tolerance = 1e-5 if packed else 0.0
+    torch.testing.assert_close(runtime.forward(batch), expected, rtol=tolerance, atol=tolerance)
+
+
 def test_a_damaged_precision_cache_is_measured_again(probes):
     probes.cache.write_text("{not json")
     assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
@@ -150,11 +193,11 @@ def test_a_damaged_precision_cache_is_measured_again(probes):
     assert len(probes.calls) == 2
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
-def test_the_precision_probe_times_a_real_product(dtype):
+@pytest.mark.parametrize(("dtype", "packed"), [("float32", False), ("float32", True), ("int8", False)])
+def test_the_precision_probe_times_a_real_product(dtype, packed):
     from ragidx.indexer.model.precision import linear_flops_per_second
 
-    rate = linear_flops_per_second(dtype, 64, 128, tokens=32, seconds=0.05)
+    rate = linear_flops_per_second(dtype, 64, 128, tokens=32, seconds=0.05, packed=packed)
     assert 1e6 < rate < 1e14  # FLOP/s, not seconds or GFLOP/s
 
 

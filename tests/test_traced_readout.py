@@ -77,6 +77,19 @@ def test_traced_bfloat16_goes_through_the_packed_products_and_equals_eager(tiny_
     assert_traced_equals_eager(runtime)
 
 
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_traced_float32_goes_through_the_packed_products_and_equals_eager(tiny_models, arch):
+    """Packed as a probed model's float32 weights are where that is measured faster (the tiny
+    models are too small to probe, so they are packed here by hand)."""
+    from ragidx.indexer.model.packed_linear import can_pack_linear_weights, pack_linear_weights
+
+    if not can_pack_linear_weights("float32"):
+        pytest.skip("this CPU does not pack float32 weights (not x86, or torch without oneDNN)")
+    runtime = load_runtime(str(tiny_models[arch]), device="cpu", dtype="float32")
+    assert pack_linear_weights(runtime.model) > 0
+    assert_traced_equals_eager(runtime)
+
+
 def test_the_first_single_text_runs_eagerly_and_batches_never_use_the_trace(runtimes):
     strategy = create_strategy("aligned-wva", runtimes["llama"])
     strategy.encode([TEXTS[0]], "query")

@@ -1,18 +1,23 @@
-"""bf16 linear layers on a CPU with their weights reordered for oneDNN once, not on every call.
+"""CPU linear layers with their weights reordered for oneDNN once, not on every call: bf16
+always (where oneDNN runs it), float32 where a probe measures it faster than torch's own product.
 
 oneDNN's bf16 matrix product repacks a plain weight into its blocked (VNNI) layout on every
 call. At the few rows of a query that repacking dominates: SmolLM2's 210 products per forward
 ran at about 6 GB/s of weights against ~30 GB/s of memory bandwidth. Reordering each weight once,
 as torch.compile's freezing pass does, gives bit-identical outputs, halves a decoder query's
-latency and speeds builds by about a sixth (docs/precision.md). The plain weight is dropped once
-packed (nothing reads it; the forward is replaced), so the packed model takes the memory of the
-plain one, not twice it.
+latency and speeds builds by about a sixth (docs/precision.md). torch's float32 products go
+through MKL, which on AMD CPUs keeps to slower code paths: there oneDNN's packed float32 products
+ran 1.2-1.8x faster held to AVX2 and 2.3-3.5x with AVX-512 (20-2,048 rows of Gemma's and SmolLM2's
+layers), with outputs equal to rounding (relative 1e-6). The plain weight is dropped once packed
+(nothing reads it; the forward is replaced), so the packed model takes the memory of the plain
+one, not twice it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import platform
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -20,24 +25,35 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+X86_MACHINES = ("x86_64", "amd64", "i686", "x86")
 
-def _packing_ops() -> tuple[Any, Any] | None:
-    """torch's oneDNN reorder and packed-linear operators, or None where this torch lacks them or
-    this CPU cannot run oneDNN's bf16 products (no AVX-512 BW/VL/DQ nor AVX-NE-CONVERT: the
-    reorder refuses bf16 there, and plain products are emulated anyway)."""
+
+def _packing_ops(dtype: torch.dtype) -> tuple[Any, Any] | None:
+    """torch's oneDNN reorder and packed-linear operators for ``dtype`` weights, or None where this
+    torch lacks them, the CPU is not x86 (float32: elsewhere oneDNN is not what torch builds on),
+    or it cannot run oneDNN's bf16 products (no AVX-512 BW/VL/DQ nor AVX-NE-CONVERT: the reorder
+    refuses bf16 there, and plain products are emulated anyway)."""
     import torch
 
     try:
-        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        if not torch.backends.mkldnn.is_available():
+            return None
+        if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return None
+        if dtype == torch.float32 and platform.machine().lower() not in X86_MACHINES:
+            return None
+        if dtype not in (torch.bfloat16, torch.float32):
             return None
         return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
     except (AttributeError, RuntimeError):
         return None
 
 
-def can_pack_linear_weights() -> bool:
-    """Whether :func:`pack_linear_weights` packs bf16 weights on this CPU."""
-    return _packing_ops() is not None
+def can_pack_linear_weights(dtype: str = "bfloat16") -> bool:
+    """Whether :func:`pack_linear_weights` can pack ``dtype`` weights on this CPU."""
+    import torch
+
+    return _packing_ops(getattr(torch, dtype)) is not None
 
 
 def _count_flops_of_packed_products(linear: Any) -> None:
@@ -75,7 +91,9 @@ def _traceable_product() -> Any:
 
 
 def pack_linear_weights(model: nn.Module) -> int:
-    """Give every bf16 CPU ``nn.Linear`` of ``model`` a pre-packed weight; returns how many.
+    """Give every CPU ``nn.Linear`` of a bf16 or float32 ``model`` a pre-packed weight; returns how
+    many (0 where this CPU cannot pack that dtype: see :func:`can_pack_linear_weights`). The caller
+    decides whether float32 pays (:func:`ragidx.indexer.model.precision.measured_precision`).
 
     The packed copy replaces ``weight`` (which becomes None) as a non-persistent buffer
     ``packed_weight``, so a traced forward (see :mod:`ragidx.indexer.strategies.traced_readout`)
@@ -90,18 +108,18 @@ def pack_linear_weights(model: nn.Module) -> int:
     """
     import torch
 
-    ops = _packing_ops()
     first = next(model.parameters(), None)
-    if ops is None or first is None:
+    if first is None or first.device.type != "cpu":
         return 0
-    if first.dtype != torch.bfloat16 or first.device.type != "cpu":
+    ops = _packing_ops(first.dtype)
+    if ops is None:
         return 0
     reorder, linear = ops
     _count_flops_of_packed_products(linear)
     packed = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if not isinstance(module, torch.nn.Linear) or weight is None or weight.dtype != torch.bfloat16:
+        if not isinstance(module, torch.nn.Linear) or weight is None or weight.dtype != first.dtype:
             for parameter in module.parameters(recurse=False):
                 parameter.data = parameter.data.clone()  # out of the file's mapping
             continue

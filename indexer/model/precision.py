@@ -20,6 +20,7 @@ from typing import Any
 
 from ragidx.indexer.cache import cache_dir, read_json_cache, write_json_cache
 from ragidx.indexer.model.int8_weights import hold_int8
+from ragidx.indexer.model.packed_linear import can_pack_linear_weights, pack_linear_weights
 
 PROBE_TOKENS = 256  # rows of the probe's product: a typical batch slice, large enough to be steady
 # int8 weights pay an upcast per product, which a build's batches (thousands of rows) amortise and a
@@ -52,10 +53,16 @@ def best_flops_per_second(step: Callable[[], Any], flops: float, seconds: float)
 
 
 def linear_flops_per_second(
-    dtype: str, inputs: int, outputs: int, tokens: int = PROBE_TOKENS, seconds: float = PROBE_SECONDS
+    dtype: str,
+    inputs: int,
+    outputs: int,
+    tokens: int = PROBE_TOKENS,
+    seconds: float = PROBE_SECONDS,
+    packed: bool = False,
 ) -> float:
     """FLOP/s of a ``tokens x inputs -> outputs`` linear layer in ``dtype`` on the CPU (``int8``:
-    int8 weights, float32 products, as a model in that dtype runs them)."""
+    int8 weights, float32 products, as a model in that dtype runs them; ``packed``: its weight
+    reordered for oneDNN where this CPU can, as a loaded model's are)."""
     import torch
 
     layer = torch.nn.Linear(inputs, outputs, bias=False).requires_grad_(False)
@@ -63,6 +70,8 @@ def linear_flops_per_second(
         hold_int8(layer)
     else:
         layer.to(getattr(torch, dtype))
+        if packed:
+            pack_linear_weights(layer)
     batch = torch.randn(tokens, inputs, dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     with torch.inference_mode():
         return best_flops_per_second(lambda: layer(batch), 2.0 * tokens * inputs * outputs, seconds)
@@ -78,16 +87,23 @@ def cpu_has_bfloat16_instructions() -> bool:
 
 @dataclass(frozen=True)
 class PrecisionProbe:
-    """One measurement: a model-shaped product's speed in float32 and in the candidate dtype on
-    this CPU, and the verdict."""
+    """One measurement: a model-shaped product's speed in float32 (torch's own product and
+    oneDNN's packed one) and in the candidate dtype on this CPU, and the verdicts."""
 
     candidate: str
     float32_gflops: float
+    packed_float32_gflops: float  # 0 where this CPU cannot pack float32 weights
     candidate_gflops: float
 
     @property
+    def packs_float32(self) -> bool:
+        """Whether a float32 model's weights are packed here: wherever that is measured faster."""
+        return self.packed_float32_gflops > self.float32_gflops
+
+    @property
     def chosen(self) -> str:
-        fast_enough = self.candidate_gflops >= SPEED_NEEDED[self.candidate] * self.float32_gflops
+        float32 = max(self.float32_gflops, self.packed_float32_gflops)
+        fast_enough = self.candidate_gflops >= SPEED_NEEDED[self.candidate] * float32
         return self.candidate if fast_enough else "float32"
 
 
@@ -123,28 +139,47 @@ def _cpu_name() -> str:
 
 
 def probe_precision(hidden: int, intermediate: int, candidate: str) -> PrecisionProbe:
-    """Time the model's widest product (hidden -> intermediate) in float32 and ``candidate``, now."""
+    """Time the model's widest product (hidden -> intermediate) as a loaded model would run it:
+    float32 plain and packed, and ``candidate`` (bf16 packed where this CPU packs it), now."""
     tokens = INT8_PROBE_TOKENS if candidate == "int8" else PROBE_TOKENS
+
+    def gflops(dtype: str, packed: bool = False) -> float:
+        return linear_flops_per_second(dtype, hidden, intermediate, tokens, packed=packed) / 1e9
+
     return PrecisionProbe(
         candidate=candidate,
-        float32_gflops=linear_flops_per_second("float32", hidden, intermediate, tokens) / 1e9,
-        candidate_gflops=linear_flops_per_second(candidate, hidden, intermediate, tokens) / 1e9,
+        float32_gflops=gflops("float32"),
+        packed_float32_gflops=gflops("float32", packed=True) if can_pack_linear_weights("float32") else 0.0,
+        candidate_gflops=gflops(candidate, packed=candidate == "bfloat16"),
     )
 
 
-def cpu_auto_dtype(hidden: int, intermediate: int) -> str:
-    """``float32``, ``bfloat16`` or ``int8``: what is measured best for a model of this shape on
-    this CPU (before memory has its say: :func:`ragidx.indexer.model.memory.fitting_dtype`)."""
+def measured_precision(hidden: int, intermediate: int) -> PrecisionProbe | None:
+    """This CPU's probe for a model of this shape, measured once and cached; None for a model too
+    small to time (:data:`MIN_PROBED_HIDDEN`), which runs float32, unpacked."""
     if hidden < MIN_PROBED_HIDDEN:
-        return "float32"
+        return None
     candidate = cpu_candidate()
     path = cache_dir() / CACHE_FILE
     key = _machine_key(hidden, intermediate, candidate)
     cached = read_json_cache(path)
     try:
-        return PrecisionProbe(**cached[key]).chosen
+        return PrecisionProbe(**cached[key])
     except (KeyError, TypeError):
         pass  # not measured yet for this machine and shape (or an entry from another version)
     probe = probe_precision(hidden, intermediate, candidate)
     write_json_cache(path, {**cached, key: asdict(probe)})
-    return probe.chosen
+    return probe
+
+
+def cpu_auto_dtype(hidden: int, intermediate: int) -> str:
+    """``float32``, ``bfloat16`` or ``int8``: what is measured best for a model of this shape on
+    this CPU (before memory has its say: :func:`ragidx.indexer.model.memory.fitting_dtype`)."""
+    probe = measured_precision(hidden, intermediate)
+    return probe.chosen if probe else "float32"
+
+
+def packs_float32(hidden: int, intermediate: int) -> bool:
+    """Whether a float32 model of this shape gets oneDNN-packed weights on this CPU (measured)."""
+    probe = measured_precision(hidden, intermediate)
+    return probe is not None and probe.packs_float32

@@ -20,7 +20,7 @@ from ragidx.indexer.model.gguf import is_converted
 from ragidx.indexer.model.int8_weights import hold_int8_weights
 from ragidx.indexer.model.memory import LEANEST, check_fits, fitting_dtype, folder_parameters
 from ragidx.indexer.model.packed_linear import pack_linear_weights
-from ragidx.indexer.model.precision import cpu_auto_dtype
+from ragidx.indexer.model.precision import cpu_auto_dtype, packs_float32
 from ragidx.indexer.model.quiet import quiet_transformers
 from ragidx.indexer.model.sources import ModelSource, resolve_model
 from ragidx.indexer.model.tokenizer_cache import load_tokenizer
@@ -343,9 +343,21 @@ def resolve_dtype(dtype: str, device: str, config: Any = None) -> str:
         return {"cuda": "bfloat16", "mps": "float16"}[device]
     if config is None:
         return "float32"
+    return cpu_auto_dtype(*_product_shape(config))
 
+
+def _product_shape(config: Any) -> tuple[int, int]:
+    """A model's widest product, hidden -> intermediate: what the precision probe times."""
     hidden = int(config.hidden_size)
-    return cpu_auto_dtype(hidden, int(getattr(config, "intermediate_size", None) or 4 * hidden))
+    return hidden, int(getattr(config, "intermediate_size", None) or 4 * hidden)
+
+
+def _packs_weights(run_dtype: str, device: str, config: Any) -> bool:
+    """bf16 weights are packed on a CPU always (where oneDNN can), float32 ones where measured
+    faster; int8 and 16-bit floats keep their own products."""
+    if device != "cpu":
+        return False
+    return run_dtype == "bfloat16" or (run_dtype == "float32" and packs_float32(*_product_shape(config)))
 
 
 def _not_found(model: str, reason: str) -> RagidxError:
@@ -432,7 +444,7 @@ def load_runtime(
     if run_dtype == "int8":
         hold_int8_weights(network_model)  # rounded where the weights were read, then moved
     network_model.to(device)
-    if device == "cpu" and run_dtype != "int8":
+    if _packs_weights(run_dtype, device, config):
         pack_linear_weights(network_model)
     local = location if Path(location).is_dir() else None
     model_file = source.gguf.record() if source.gguf else None
