@@ -21,7 +21,6 @@ import json
 import os
 import socket
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -223,6 +222,8 @@ def _abandon(path: Path, inode: int | None) -> None:
 def _start(path: Path, silence: float) -> socket.socket:
     """Start a daemon for ``path`` (one at a time: two clients starting at once share it) and
     connect to it as soon as it listens."""
+    import subprocess  # here, not at the top: a query to a running daemon never starts one
+
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         connection = _connect(path, silence)

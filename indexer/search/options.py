@@ -224,8 +224,8 @@ def _spec(declared: dataclasses.Field[Any], annotation: Any) -> SearchOptionSpec
     )
 
 
+_HINTS = typing.get_type_hints(SearchOptions)  # once: each call evaluates every annotation
 SEARCH_OPTION_SPECS: tuple[SearchOptionSpec, ...] = tuple(
-    _spec(field, typing.get_type_hints(SearchOptions)[field.name])
-    for field in dataclasses.fields(SearchOptions)
+    _spec(field, _HINTS[field.name]) for field in dataclasses.fields(SearchOptions)
 )
 SEARCH_SPECS_BY_NAME = {spec.name: spec for spec in SEARCH_OPTION_SPECS}
