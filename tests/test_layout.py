@@ -31,6 +31,7 @@ HEAVY = {
 }
 SLOW = {
     "numpy",  # 45-85 ms: the CLI's start-up (ragidx query through the daemon) does without it
+    "subprocess",  # 1.4 ms, only to start the daemon: a query to a running one does without it
     "sqlite_utils",
     "bs4",
     "tqdm",
