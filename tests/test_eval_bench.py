@@ -272,3 +272,24 @@ def test_bench_counts_the_padding_of_the_batches_it_ran(tiny_models):
     cells = sum(len(group) * max(lengths[i] for i in group) for group in groups)
     assert row.tokens == sum(lengths) and row.padding == pytest.approx(1 - sum(lengths) / cells)
     assert row.padding > 0.1 and (row.batch_rows, row.batch_tokens) == (3, 16384)
+
+
+@pytest.mark.parametrize("packs", [True, False])
+def test_a_cpu_peak_is_the_faster_of_the_plain_and_the_packed_product(monkeypatch, packs):
+    """A model whose float32 weights are packed runs oneDNN's product, which can beat torch's
+    square product: the peak it is set against is then the packed one."""
+    from ragidx.app.research import bench
+
+    packed_sizes = []
+
+    def packed(dtype, inputs, outputs, tokens, seconds, packed=False):
+        packed_sizes.append((dtype, inputs, outputs, tokens, packed))
+        return 5e12
+
+    monkeypatch.setattr(bench, "can_pack_linear_weights", lambda dtype: packs)
+    monkeypatch.setattr(bench, "linear_flops_per_second", packed)
+    peak = bench.matmul_peak_flops("float32", "cpu", seconds=0.05)
+    if packs:
+        assert peak == 5e12 and packed_sizes == [("float32", 1024, 1024, 1024, True)]
+    else:
+        assert 1e6 < peak < 5e12 and packed_sizes == []  # torch's own product, really timed

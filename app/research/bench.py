@@ -24,7 +24,8 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import scan
-from ragidx.indexer.model.precision import best_flops_per_second
+from ragidx.indexer.model.packed_linear import can_pack_linear_weights
+from ragidx.indexer.model.precision import best_flops_per_second, linear_flops_per_second
 from ragidx.indexer.model.runtime import load_runtime, resolve_device, resolve_dtype
 from ragidx.indexer.strategies import create_strategy, named_or_default
 
@@ -91,16 +92,21 @@ def probe_size(device: str) -> int:
 
 
 def matmul_peak_flops(dtype: str, device: str, seconds: float = PROBE_SECONDS) -> float:
-    """Best FLOP/s of a square matrix product in ``dtype`` on ``device`` (0 where it cannot run)."""
+    """Best FLOP/s of a square matrix product in ``dtype`` on ``device`` (0 where it cannot run):
+    on a CPU the faster of torch's product and oneDNN's on a packed weight, which a loaded model
+    may run instead (on AMD CPUs 2.3x torch's in float32: docs/precision.md)."""
     import torch
 
     size = probe_size(device)
     try:
         a = torch.randn(size, size, dtype=getattr(torch, dtype), device=device)
         b = torch.randn(size, size, dtype=getattr(torch, dtype), device=device)
-        return best_flops_per_second(lambda: (a @ b).sum().item(), 2 * size**3, seconds)
+        plain = best_flops_per_second(lambda: (a @ b).sum().item(), 2 * size**3, seconds)
     except (RuntimeError, TypeError):  # a dtype the device does not multiply in
         return 0.0
+    if device != "cpu" or not can_pack_linear_weights(dtype):
+        return plain
+    return max(plain, linear_flops_per_second(dtype, size, size, size, seconds, packed=True))
 
 
 def matmul_peaks(device: str) -> dict[str, float]:
