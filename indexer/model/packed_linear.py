@@ -7,7 +7,7 @@ ran at about 6 GB/s of weights against ~30 GB/s of memory bandwidth. Reordering 
 as torch.compile's freezing pass does, gives bit-identical outputs, halves a decoder query's
 latency and speeds builds by about a sixth (docs/precision.md). torch's float32 products go
 through MKL, which on AMD CPUs keeps to slower code paths: there oneDNN's packed float32 products
-ran 1.2-1.8x faster held to AVX2 and 2.3-3.5x with AVX-512 (20-2,048 rows of Gemma's and SmolLM2's
+ran 1.2-1.9x faster held to AVX2 and 2.3-3.7x with AVX-512 (20-2,048 rows of Gemma's and SmolLM2's
 layers), with outputs equal to rounding (relative 1e-6). The plain weight is dropped once packed
 (nothing reads it; the forward is replaced), so the packed model takes the memory of the plain
 one, not twice it.
