@@ -35,14 +35,12 @@ def _packing_ops(dtype: torch.dtype) -> tuple[Any, Any] | None:
     refuses bf16 there, and plain products are emulated anyway)."""
     import torch
 
+    supported = {
+        torch.bfloat16: lambda: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        torch.float32: lambda: platform.machine().lower() in X86_MACHINES,
+    }
     try:
-        if not torch.backends.mkldnn.is_available():
-            return None
-        if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            return None
-        if dtype == torch.float32 and platform.machine().lower() not in X86_MACHINES:
-            return None
-        if dtype not in (torch.bfloat16, torch.float32):
+        if dtype not in supported or not (torch.backends.mkldnn.is_available() and supported[dtype]()):
             return None
         return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
     except (AttributeError, RuntimeError):
