@@ -911,9 +911,19 @@ def daemon() -> None:
 )
 def daemon_run(socket_path: Path | None, idle: float | None) -> None:
     """Run the daemon in this process (the CLI starts it in the background by itself)."""
+    from ragidx.app.command_server import CommandServer
+
+    path = socket_path or daemon_client.socket_path()
+    idle = idle or daemon_client.idle_seconds()
+    # forked first, while this process has one thread and no model stack (see command_server);
+    # without it, the daemon still answers: the script runs each command's CLI itself
+    try:
+        commands: CommandServer | None = CommandServer.start(daemon_client.command_socket_path(path), main)
+    except OSError:
+        commands = None
     from ragidx.app.daemon import Daemon
 
-    Daemon(socket_path or daemon_client.socket_path(), idle or daemon_client.idle_seconds()).run()
+    Daemon(path, idle, commands).run()
 
 
 @daemon.command(name="status")
@@ -934,6 +944,9 @@ def daemon_status(as_json: bool) -> None:
         return
     served = counted(found["requests"], "request")
     click.echo(f"daemon {found['pid']} on {found['socket']}: up {found['uptime_seconds']:.0f} s, {served}")
+    if found.get("command_server"):
+        commands = found["command_server"]
+        click.echo(f"  query and ask run by command server {commands['pid']} on {commands['socket']}")
     for index in found["indexes"]:
         dtype = index["dtype"] or "the index's own"
         click.echo(f"  {index['index']} (device {index['device']}, dtype {dtype})")

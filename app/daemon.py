@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ragidx.app.command_server import CommandServer
+from ragidx.app.daemon_client import listen
 from ragidx.app.retriever import Index
 from ragidx.indexer.errors import RagidxError
 
@@ -54,15 +56,17 @@ IndexKey = tuple[str, str, str | None]  # folder, device, dtype
 
 
 class Daemon:
-    """Serves requests on ``path`` until ``idle`` seconds pass without one, or a ``stop``."""
+    """Serves requests on ``path`` until ``idle`` seconds pass without one, or a ``stop``; the
+    ``command_server`` forked beside it (if any) ends with it."""
 
-    def __init__(self, path: Path, idle: float):
+    def __init__(self, path: Path, idle: float, command_server: CommandServer | None = None):
         self.path = path
         self.idle = idle
+        self.command_server = command_server
         self.started = time.time()
         self.served = 0
         self.open: collections.OrderedDict[IndexKey, Index] = collections.OrderedDict()
-        self.listener = _listen(path)
+        self.listener = listen(path)
         self.inode = path.stat().st_ino  # a later daemon's socket at the same path is not ours
         self.stopping = False
         self.model = threading.Lock()  # one request at a time uses the open indexes and models
@@ -228,6 +232,9 @@ class Daemon:
             "uptime_seconds": round(time.time() - self.started, 1),
             "requests": self.served,
             "idle_timeout_seconds": self.idle,
+            "command_server": None
+            if self.command_server is None
+            else {"pid": self.command_server.pid, "socket": str(self.command_server.path)},
             "indexes": [
                 {
                     "index": index,
@@ -240,7 +247,10 @@ class Daemon:
         }
 
     def _withdraw(self) -> None:
-        """Remove this daemon's socket file, unless another daemon's has replaced it."""
+        """Remove this daemon's socket file, unless another daemon's has replaced it, and stop its
+        command server."""
+        if self.command_server is not None:
+            self.command_server.stop()
         try:
             if self.path.stat().st_ino == self.inode:
                 self.path.unlink()
@@ -332,16 +342,3 @@ class Client:
 def _log(message: str) -> None:
     """One line in the daemon's log (its stderr)."""
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ragidx daemon {os.getpid()}: {message}", file=sys.stderr)
-
-
-def _listen(path: Path) -> socket.socket:
-    """Listen at ``path``, appearing there only once listening (a socket file that refuses
-    connections is taken for a dead daemon's); only this user may connect (0600)."""
-    pending = path.with_name(f".{os.getpid()}")
-    pending.unlink(missing_ok=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(pending))
-    os.chmod(pending, 0o600)
-    listener.listen(64)
-    os.replace(pending, path)
-    return listener

@@ -117,6 +117,12 @@ def socket_path() -> Path:
     return runtime_folder() / f"d-{fingerprint()}.sock"
 
 
+def command_socket_path(daemon_socket: Path) -> Path:
+    """Where the command server beside the daemon at ``daemon_socket`` listens
+    (see :mod:`ragidx.app.command_server`)."""
+    return daemon_socket.with_suffix(".cmd")
+
+
 def idle_seconds() -> float:
     """How long a daemon waits for work before it exits: ``$RAGIDX_DAEMON_IDLE`` (see
     :func:`duration`), 10 minutes unless set."""
@@ -208,6 +214,19 @@ def _connect(path: Path, silence: float) -> socket.socket | None:
             path.unlink()
         return None
     return connection
+
+
+def listen(path: Path) -> socket.socket:
+    """Listen at ``path``, appearing there only once listening (a socket file that refuses
+    connections is taken for a dead daemon's); only this user may connect (0600)."""
+    pending = path.with_name(f".{os.getpid()}{path.suffix}")
+    pending.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(pending))
+    os.chmod(pending, 0o600)
+    listener.listen(64)
+    os.replace(pending, path)
+    return listener
 
 
 def _abandon(path: Path, inode: int | None) -> None:

@@ -2,13 +2,14 @@
 run again and again (the daemon's warm path), each as its own process, wall clock included.
 
 Usage: python tests/benchmarks/cli_latency.py [--corpus sample_corpus] [--queries 20] [--model M]
-       [--dtype D] [--skip-build]
+       [--dtype D] [--skip-build] [--entry ragidx.app.launcher:main]
 
 Runs ragidx with bytecode caching on, as installed from a wheel. Prints the default build's time
 (`ragidx build CORPUS --rebuild`), a conflicting build's refusal (`--strategy htp` against the
 index's default strategy), the first query after the build (which starts the daemon), and p50/p95
-of the next queries in each mode. Run it with another version's
-code first on PYTHONPATH (a git worktree) to compare in one sitting.
+of the next queries in each mode. Each call runs the console script's entry point (``--entry``,
+``ragidx.cli:main`` before the command server) as the `ragidx` script would. Run it with another
+version's code first on PYTHONPATH (a git worktree) to compare in one sitting.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RAGIDX = str(Path(sys.executable).with_name("ragidx"))
+ENTRY = "ragidx.app.launcher:main"  # the console script's, pyproject.toml [project.scripts]
 CORPUS = Path(__file__).resolve().parents[2] / "sample_corpus"
 QUERIES = [
     "why are there two tides a day?",
@@ -34,9 +35,15 @@ QUERIES = [
 ]
 
 
-def timed(*args: str, env: dict[str, str], check: bool = True) -> float:
+def script(entry: str) -> list[str]:
+    """The command that runs ``entry`` (``module:function``) as a console script does."""
+    module, function = entry.split(":")
+    return [sys.executable, "-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
+
+
+def timed(ragidx: list[str], *args: str, env: dict[str, str], check: bool = True) -> float:
     started = time.perf_counter()
-    result = subprocess.run([RAGIDX, *args], env=env, capture_output=True, text=True)
+    result = subprocess.run([*ragidx, *args], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if check and result.returncode != 0:
         raise SystemExit(f"ragidx {' '.join(args)} failed: {result.stderr[-800:]}")
@@ -51,7 +58,9 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="Passed to build and query (default: auto).")
     parser.add_argument("--index", type=Path, default=None, help="Reuse this index (default: a new one).")
     parser.add_argument("--skip-build", action="store_true")
+    parser.add_argument("--entry", default=ENTRY, help=f"The console script's entry point (default {ENTRY}).")
     arguments = parser.parse_args()
+    ragidx = script(arguments.entry)
     with tempfile.TemporaryDirectory(prefix="rgx-") as scratch:
         index = str(arguments.index or Path(scratch) / "index")
         # a private daemon for this run: its socket lives under the scratch folder
@@ -64,26 +73,50 @@ def main() -> None:
         precision = ["--dtype", arguments.dtype] if arguments.dtype else []
         if not arguments.skip_build:
             build = timed(
-                "build", str(arguments.corpus), "--index", index, "--rebuild", *model, *precision, env=env
+                ragidx,
+                "build",
+                str(arguments.corpus),
+                "--index",
+                index,
+                "--rebuild",
+                *model,
+                *precision,
+                env=env,
             )
             print(f"default build --rebuild: {build:.1f} s")
         refused = timed(
-            "build", str(arguments.corpus), "--index", index, "--strategy", "htp", env=env, check=False
+            ragidx,
+            "build",
+            str(arguments.corpus),
+            "--index",
+            index,
+            "--strategy",
+            "htp",
+            env=env,
+            check=False,
         )
         print(f"conflicting build refused in {refused:.2f} s")
-        first = timed("query", QUERIES[0], "--index", index, *precision, env=env)
+        first = timed(ragidx, "query", QUERIES[0], "--index", index, *precision, env=env)
         print(f"first query (starts the daemon, loads the model): {first:.2f} s")
         time.sleep(5)  # the daemon settles its traced readout between queries, as a person pauses
         for mode in ("hybrid", "dense", "lexical"):
             seconds = [
                 timed(
-                    "query", QUERIES[i % len(QUERIES)], "--index", index, "--mode", mode, *precision, env=env
+                    ragidx,
+                    "query",
+                    QUERIES[i % len(QUERIES)],
+                    "--index",
+                    index,
+                    "--mode",
+                    mode,
+                    *precision,
+                    env=env,
                 )
                 for i in range(arguments.queries)
             ]
             p95 = statistics.quantiles(seconds, n=20)[-1]
             print(f"query --mode {mode:7s}: p50 {statistics.median(seconds):.3f} s, p95 {p95:.3f} s")
-        timed("daemon", "stop", env=env, check=False)
+        timed(ragidx, "daemon", "stop", env=env, check=False)
 
 
 if __name__ == "__main__":

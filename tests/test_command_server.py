@@ -1,0 +1,102 @@
+"""The command server beside the daemon: a repeated `ragidx query` runs there with the console
+script's streams, folder, environment and exit status, the script importing neither click nor the
+CLI; where it cannot, the script runs the command itself, with the same result."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_cli import assert_one_line_error, ragidx
+from test_daemon import daemon_env, small_index
+
+from ragidx.app import launcher
+
+daemon_env, small_index = daemon_env, small_index  # the fixtures, used below
+
+REPORT = "import atexit, json, sys; atexit.register(lambda: print(json.dumps([*sys.modules])))"
+SCRIPT = f"{REPORT}; from ragidx.app.launcher import main; main()"
+
+
+def script(*args: str | Path, env: dict[str, str], **kwargs) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run the console script's code with ``args`` (the same interpreter as the daemon's, which
+    is part of its fingerprint); its output and the modules its own process loaded."""
+    run = [sys.executable, "-c", SCRIPT, *map(str, args)]
+    result = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120, **kwargs)
+    *output, modules = result.stdout.splitlines(keepends=True)
+    return subprocess.CompletedProcess(run, result.returncode, "".join(output), result.stderr), set(
+        json.loads(modules)
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def command_sockets(env: dict[str, str]) -> list[Path]:
+    return sorted((Path(env["XDG_RUNTIME_DIR"]) / "ragidx").glob("*.cmd"))
+
+
+def test_a_repeated_query_runs_in_the_command_server_as_it_would_here(daemon_env, small_index, tmp_path):
+    query = ("query", "how long do refunds take", "-k", "3")
+    first, started_with = script(*query, "--index", small_index, env=daemon_env)
+    assert "ragidx.cli" in started_with  # no server yet: the script ran the CLI, which started one
+    assert len(command_sockets(daemon_env)) == 1
+    here = ragidx(*query, "--index", small_index, "--no-daemon").stdout
+    again, loaded = script(*query, "--index", small_index, env=daemon_env)
+    assert first.stdout == again.stdout == here and here.startswith(" 1  ")
+    assert loaded.isdisjoint({"click", "ragidx.cli", "ragidx.app.catalog"}), sorted(loaded)
+    # the folder and the environment are the script's: a relative --index, and $RAGIDX_INDEX
+    relative, _ = script(
+        *query, "--index", small_index.name, "--json", env=daemon_env, cwd=small_index.parent
+    )
+    from_env, _ = script(*query, "--json", env={**daemon_env, "RAGIDX_INDEX": str(small_index)}, cwd=tmp_path)
+    expected = ragidx(*query, "--index", small_index, "--json", "--no-daemon").stdout
+    assert relative.stdout == from_env.stdout == expected
+    # so are its errors and exit statuses: one line and 1 for a refused query, usage and 2 for a slip
+    missing, loaded = script("query", "refunds", "--index", tmp_path / "none", env=daemon_env)
+    assert_one_line_error(missing, "no index at")
+    assert missing.returncode == 1 and "ragidx.cli" not in loaded
+    slip, _ = script("query", env=daemon_env)
+    assert slip.returncode == 2 and "Missing argument 'TEXT'" in slip.stderr
+
+
+def test_a_command_the_server_cannot_take_runs_here(daemon_env, small_index):
+    query = ("query", "refunds", "--index", small_index, "-k", "2")
+    ragidx(*query, env=daemon_env)  # starts the daemon and its command server
+    # a closed standard input cannot be handed over: the script runs the command itself
+    closed, loaded = script(*query, env=daemon_env, preexec_fn=lambda: os.close(0))
+    assert "ragidx.cli" in loaded
+    assert closed.stdout == ragidx(*query, "--no-daemon").stdout
+
+
+def test_only_a_query_or_question_that_may_use_the_daemon_is_handed_over(monkeypatch):
+    monkeypatch.setenv("RAGIDX_NO_DAEMON", "0")
+    assert launcher.forwardable(["query", "refunds"]) and launcher.forwardable(["ask", "why?"])
+    assert not launcher.forwardable(["query", "refunds", "--no-daemon"])
+    assert not launcher.forwardable(["build", "docs"]) and not launcher.forwardable([])
+    assert not launcher.forwardable(["--debug", "query", "refunds"])  # the CLI reads global options
+    monkeypatch.setenv("RAGIDX_NO_DAEMON", "1")
+    assert not launcher.forwardable(["query", "refunds"])
+
+
+def test_the_command_server_ends_with_its_daemon(daemon_env, small_index):
+    ragidx("query", "refunds", "--index", small_index, env=daemon_env)
+    status = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)
+    assert [status["command_server"]["socket"]] == [str(path) for path in command_sockets(daemon_env)]
+    assert ragidx("daemon", "stop", env=daemon_env).stdout.startswith("stopped daemon ")
+    assert command_sockets(daemon_env) == []  # withdrawn before the stop was answered
+    assert not alive(status["command_server"]["pid"])
+    ragidx("query", "refunds", "--index", small_index, env={**daemon_env, "RAGIDX_DAEMON_IDLE": "1"})
+    deadline = time.monotonic() + 30
+    while command_sockets(daemon_env) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert command_sockets(daemon_env) == []  # and when the daemon leaves for idleness
