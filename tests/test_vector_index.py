@@ -160,3 +160,23 @@ def test_an_empty_index_answers_nothing():
     everything_deleted = built("flat")
     everything_deleted.tombstones = IDS
     assert everything_deleted.search(QUERIES, 10)[1].shape == (len(QUERIES), 0)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_one_query_searches_on_one_faiss_thread_and_the_count_comes_back(kind, monkeypatch):
+    import faiss
+
+    index = built(kind)
+    faiss.omp_set_num_threads(2)
+    seen = []
+    search = type(index.index).search
+
+    def counting(self, *args, **kwargs):
+        seen.append(faiss.omp_get_max_threads())
+        return search(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(index.index), "search", counting)
+    one = index.search(QUERIES[:1], 10)
+    many = index.search(QUERIES, 10)
+    assert seen == [1, 2] and faiss.omp_get_max_threads() == 2
+    np.testing.assert_array_equal(one[1], many[1][:1])  # the same neighbours either way

@@ -8,6 +8,8 @@ search time by an ``IDSelectorNot``.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +87,17 @@ class VectorIndex:
             empty = np.zeros((len(queries), 0))
             return empty.astype(np.float32), empty.astype(np.int64)
         limit = min(limit, pool)
+        with one_thread_for_one_query(len(queries)):
+            return self._search(queries, limit, allowed, ef_search, nprobe)
+
+    def _search(
+        self,
+        queries: np.ndarray,
+        limit: int,
+        allowed: np.ndarray | None,
+        ef_search: int | None,
+        nprobe: int | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         if allowed is not None and self.settings.kind != "flat" and len(allowed) <= EXACT_FILTER_LIMIT:
             return exact_among(self.index, queries, allowed, limit)
         if self.gpu is not None and allowed is None:
@@ -121,6 +134,26 @@ class VectorIndex:
             params.sel = selector
             params._selector = selector  # the parameters object does not keep its selector alive
         return params
+
+
+@contextlib.contextmanager
+def one_thread_for_one_query(queries: int) -> Iterator[None]:
+    """Run FAISS on one OpenMP thread for a single query, as it would use one anyway (each index
+    type shares its work out by query): its other threads only wake, spin after the search and
+    take a core from the model's next operators: a Gemma 3 query's hybrid search took 35-36 ms
+    with FAISS's two threads, 31-32 ms with one, its embedding alone 28-30 ms (2 cores, held to
+    AVX2; tests/benchmarks/faiss_threads.py, docs/precision.md)."""
+    if queries != 1:
+        yield
+        return
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def exact_among(
