@@ -3,7 +3,12 @@
 ``ragidx query`` (and ``ragidx embed --index``) send their request to it over a Unix socket
 (:mod:`ragidx.app.daemon_client`) and print its answer, so only the first call pays for imports,
 the tokenizer and the model. Each connection is served by a thread of its own, but the model
-answers one request at a time (a strategy re-routes the model's attention for a forward pass).
+answers one request at a time (a strategy re-routes the model's attention for a forward pass),
+always on the same thread (:class:`ModelThread`): torch's OpenMP keeps a pool of workers for
+each thread that runs an operator, and once there are more workers than cores they stop spinning
+between operators and sleep. Gemma 3's hybrid search, answered in a new thread per request,
+took 43-44 ms, on one model thread 35-37 ms, as on the main thread alone (2 cores held to AVX2;
+``tests/benchmarks/thread_pools.py``).
 Every request first follows the index at its path (a new generation, or the folder deleted,
 rebuilt or swapped: see :meth:`Index.refresh`). It keeps at most :data:`MAX_INDEXES` indexes open
 (the least recently used is closed), and exits after ``idle`` seconds without a request. It binds
@@ -20,9 +25,11 @@ tell a busy daemon from a hung one.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import json
 import os
+import queue
 import select
 import socket
 import sys
@@ -70,6 +77,7 @@ class Daemon:
         self.inode = path.stat().st_ino  # a later daemon's socket at the same path is not ours
         self.stopping = False
         self.model = threading.Lock()  # one request at a time uses the open indexes and models
+        self.model_thread = ModelThread()  # ... and all of them on this thread
         self.clients = threading.BoundedSemaphore(MAX_CLIENTS)
         self.counting = threading.Lock()  # for the two counts, kept by every connection's thread
         self.active = 0  # connections being served
@@ -140,7 +148,7 @@ class Daemon:
             if request.get("op") in ("status", "stop"):
                 return self.handle(request)
             with self.model:
-                return self.handle(request, event)
+                return self.model_thread.run(self.handle, request, event)
         except RagidxError as error:
             return {"error": str(error)}
         except Exception as error:  # the client prints it; the daemon goes on serving
@@ -220,7 +228,7 @@ class Daemon:
                     del self.cold[key]
                     self.warm.add(key)
                     continue
-                index.embed([WARM_UP_TEXT])
+                self.model_thread.run(index.embed, [WARM_UP_TEXT])
                 self.cold[key] = left - 1
             finally:
                 self.model.release()
@@ -270,7 +278,34 @@ class Daemon:
             thread.join(max(0.0, deadline - time.monotonic()))
         if self.model.acquire(timeout=max(0.0, deadline - time.monotonic())):
             for index in self.open.values():
-                index.close()
+                self.model_thread.run(index.close)
+
+
+Call = tuple["concurrent.futures.Future[Any]", Callable[..., Any], tuple[Any, ...]]  # result, work, args
+
+
+class ModelThread:
+    """The one thread that runs every call on the open indexes and their models, in turn (see
+    the module's docstring). A daemon thread: a call that never returns does not keep the process
+    from exiting."""
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue[Call] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="ragidx-model", daemon=True).start()
+
+    def run(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)`` on this thread: its value, or its exception raised here."""
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.calls.put((done, work, args))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            done, work, args = self.calls.get()
+            try:
+                done.set_result(work(*args))
+            except BaseException as error:  # raised again in the caller's thread
+                done.set_exception(error)
 
 
 def _read_request(connection: socket.socket, deadline: float) -> Any:

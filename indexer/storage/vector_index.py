@@ -142,7 +142,7 @@ def one_thread_for_one_query(queries: int) -> Iterator[None]:
     type shares its work out by query): its other threads only wake, spin after the search and
     take a core from the model's next operators: a Gemma 3 query's hybrid search took 35-36 ms
     with FAISS's two threads, 31-32 ms with one, its embedding alone 28-30 ms (2 cores, held to
-    AVX2; tests/benchmarks/faiss_threads.py, docs/precision.md)."""
+    AVX2; tests/benchmarks/thread_pools.py, docs/precision.md)."""
     if queries != 1:
         yield
         return

@@ -1,0 +1,120 @@
+"""OpenMP thread pools beside the model's, each setting in processes of its own:
+
+- ``--compare faiss``: a query's hybrid search with FAISS on one thread for the one query
+  (ragidx's way, ``one_thread_for_one_query`` in indexer/storage/vector_index.py) against FAISS on
+  all of its threads; prints the medians of embedding the query and of the search (k=10).
+- ``--compare daemon``: the daemon's model work on its one model thread (ragidx's way,
+  ``ModelThread`` in app/daemon.py) against each request's own thread, and the main thread alone
+  for reference; each request comes from a new thread, as a connection does, 50 ms apart; prints
+  the median of a hybrid search answered by ``Daemon.answer``.
+
+Usage: python tests/benchmarks/thread_pools.py --compare faiss|daemon --index IDX [--rounds 3]
+       [--queries 21]
+
+Threads that have run an operator stay in their pools, waking and spinning beside the model's
+for the rest of the process, so a setting cannot be timed alternately with another in one
+process: the settings' processes alternate ``--rounds`` times in one sitting instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+QUERIES = [
+    "why are there two tides a day?",
+    "how do I reset my password?",
+    "how does a heat pump warm a house?",
+]
+SETTINGS = {
+    "faiss": {"all": "FAISS on all threads", "one": "FAISS on one thread (ragidx)"},
+    "daemon": {
+        "model": "one model thread (ragidx)",
+        "request": "each request's own thread",
+        "main": "the main thread, no request threads",
+    },
+}
+
+
+def median_ms(step: Callable[[str], object], queries: int, pause: float = 0.0) -> float:
+    seconds = []
+    for i in range(queries):
+        time.sleep(pause)
+        started = time.perf_counter()
+        step(QUERIES[i % len(QUERIES)])
+        seconds.append(time.perf_counter() - started)
+    return 1000 * statistics.median(seconds)
+
+
+def faiss_threads(index_dir: str, queries: int, setting: str) -> str:
+    from ragidx.app import Index
+    from ragidx.indexer.storage import vector_index
+
+    if setting == "all":
+        vector_index.one_thread_for_one_query = lambda count: contextlib.nullcontext()
+    with Index.open(index_dir) as index:
+        for query in QUERIES:
+            index.search(query)
+        embed = median_ms(lambda query: index.embed([query]), queries)
+        hybrid = median_ms(lambda query: index.search(query, k=10), queries)
+    return f"embed {embed:5.1f} ms, hybrid search {hybrid:5.1f} ms"
+
+
+def daemon_threads(index_dir: str, queries: int, setting: str) -> str:
+    from ragidx.app.daemon import Daemon
+
+    with tempfile.TemporaryDirectory(prefix="rgx-") as scratch:
+        daemon = Daemon(Path(scratch) / "d.sock", idle=600)
+        if setting == "request":
+            daemon.model_thread.run = lambda work, *args: work(*args)  # type: ignore[method-assign]
+
+        def answer(query: str) -> None:
+            request = {"op": "search", "query": query, "index": index_dir, "device": "auto", "dtype": None}
+            answered = daemon.answer(request)
+            if "error" in answered:
+                raise SystemExit(answered["error"])
+
+        def ask(query: str) -> None:
+            if setting == "main":
+                answer(query)
+                return
+            connection = threading.Thread(target=answer, args=(query,))
+            connection.start()
+            connection.join()
+
+        for query in QUERIES * 2:
+            ask(query)
+        return f"hybrid search {median_ms(ask, queries, pause=0.05):5.1f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", choices=SETTINGS, required=True)
+    parser.add_argument("--index", required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--queries", type=int, default=21)
+    parser.add_argument("--measure", help=argparse.SUPPRESS)  # a child's setting
+    arguments = parser.parse_args()
+    index = str(Path(arguments.index).resolve())
+    if arguments.measure:
+        measure = faiss_threads if arguments.compare == "faiss" else daemon_threads
+        print(measure(index, arguments.queries, arguments.measure))
+        return
+    command = [sys.executable, __file__, "--compare", arguments.compare, "--index", index]
+    command += ["--queries", str(arguments.queries)]
+    for round_number in range(1, arguments.rounds + 1):
+        for setting, label in SETTINGS[arguments.compare].items():
+            found = subprocess.run([*command, "--measure", setting], capture_output=True, text=True)
+            print(f"round {round_number}, {label:<36}: {found.stdout.strip() or found.stderr[-400:]}")
+
+
+if __name__ == "__main__":
+    main()
