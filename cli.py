@@ -1519,7 +1519,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except click.exceptions.Abort:
         click.echo("error: aborted", err=True)
-        sys.exit(130)
+        sys.exit(daemon_client.INTERRUPTED)
     except (OutputClosed, BrokenPipeError):
         _quiet_stdout()  # the reader (`| head`) has what it wanted: not an error
         sys.exit(0)

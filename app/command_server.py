@@ -29,12 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ragidx.app.daemon_client import listen
+from ragidx.app import daemon_client
 
 REQUEST_SECONDS = 5.0  # for a client to send its whole command once connected
 STOP_SECONDS = 2.0  # a stopping daemon waits this long for the server to withdraw its socket
 STREAMS = 3  # stdin, stdout, stderr
-INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C
 
 Main = Callable[[list[str]], None]  # the CLI's main: exits (SystemExit) with the command's status
 
@@ -52,7 +51,7 @@ class CommandServer:
         """Fork a server that runs ``main`` for the commands sent to ``path``. Call it while this
         process has one thread (a fork copies only the caller's) and before torch or numpy start
         their thread pools."""
-        listener = listen(path)
+        listener = daemon_client.listen(path)
         lifeline_read, lifeline = os.pipe()  # neither end passes to a subprocess (non-inheritable)
         pid = os.fork()
         if pid == 0:
@@ -86,13 +85,18 @@ def _serve(listener: socket.socket, path: Path, lifeline: int, main: Main) -> No
     inode = path.stat().st_ino
     try:
         while lifeline not in select.select([listener.fileno(), lifeline], [], [])[0]:
-            with contextlib.suppress(OSError):
+            try:
                 connection, _ = listener.accept()
+            except OSError:
+                continue
+            with connection, contextlib.suppress(OSError):
                 if os.fork() == 0:
-                    listener.close()
-                    os.close(lifeline)
-                    _run(connection, main)
-                connection.close()
+                    try:
+                        listener.close()
+                        os.close(lifeline)
+                        _run(connection, main)
+                    finally:  # whatever happens, a child never returns into this loop
+                        os._exit(1)
     finally:
         with contextlib.suppress(OSError):
             if path.stat().st_ino == inode:
@@ -102,25 +106,28 @@ def _serve(listener: socket.socket, path: Path, lifeline: int, main: Main) -> No
 def _run(connection: socket.socket, main: Main) -> NoReturn:
     """The child: become the client's process, run its command, send back the exit status. A
     request that never became a command is answered ``{"unrun": why}``: the client runs it itself."""
-    reply: dict[str, Any] = {"unrun": "the command server failed"}
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a command's own subprocesses are waited for
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a command's own subprocesses are waited for
-        try:
-            request = _become_client(connection)
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            reply = {"unrun": f"{type(error).__name__}: {error}"}
-            raise
-        connection.settimeout(None)
-        threading.Thread(target=_interrupt_when_gone, args=(connection,), daemon=True).start()
-        reply = {"exit": 1}
-        reply = {"exit": _status_of(main, request["argv"])}
+        request = _become_client(connection)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        _end(connection, {"unrun": f"{type(error).__name__}: {error}"})
+    connection.settimeout(None)
+    threading.Thread(target=_interrupt_when_gone, args=(connection,), daemon=True).start()
+    status = 1  # should the command die of what main does not catch
+    try:
+        status = _status_of(main, request["argv"])
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        with contextlib.suppress(OSError):
-            connection.sendall(json.dumps(reply).encode() + b"\n")
-        os._exit(reply.get("exit", 1))
+        _end(connection, {"exit": status})
+
+
+def _end(connection: socket.socket, reply: dict[str, Any]) -> NoReturn:
+    """Flush what the command printed, send ``reply`` and exit with its status."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    with contextlib.suppress(OSError):
+        connection.sendall(json.dumps(reply).encode() + b"\n")
+    os._exit(reply.get("exit", 1))
 
 
 def _become_client(connection: socket.socket) -> dict[str, Any]:
@@ -157,7 +164,7 @@ def _status_of(main: Main, argv: list[str]) -> int:
         print(code, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return INTERRUPTED
+        return daemon_client.INTERRUPTED
     return 0
 
 

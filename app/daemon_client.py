@@ -34,6 +34,7 @@ DISABLE_VARIABLE = "RAGIDX_NO_DAEMON"  # set (to anything but 0) to never use a 
 IDLE_VARIABLE = "RAGIDX_DAEMON_IDLE"  # seconds a daemon waits for work before it exits
 SILENCE_VARIABLE = "RAGIDX_DAEMON_SILENCE"  # seconds a client waits on a daemon that sends nothing
 DEFAULT_IDLE_SECONDS = 600
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (the shell's for SIGINT)
 MAX_FOLDER_BYTES = 80  # leaves room for the socket's own name within AF_UNIX's 107 bytes
 START_SECONDS = 60.0  # for a new daemon to listen (it binds before importing the model stack)
 # A daemon silent this long (no answer, not even the pulse it sends while it works) is given up

@@ -17,7 +17,6 @@ import sys
 from ragidx.app import daemon_client
 
 FORWARDED = ("query", "ask")  # the commands a daemon answers: the server's children ask it
-INTERRUPTED = 130
 
 
 def main() -> None:
@@ -59,7 +58,7 @@ def forwarded(argv: list[str]) -> int | None:
         try:
             reply = b"".join(iter(lambda: connection.recv(1 << 12), b""))
         except KeyboardInterrupt:  # leaving closes the connection, which interrupts the command
-            return INTERRUPTED
+            return daemon_client.INTERRUPTED
         except OSError:
             reply = b""
     try:

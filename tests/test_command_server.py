@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from test_cli import assert_one_line_error, ragidx
-from test_daemon import daemon_env, small_index
+from test_daemon import _alive, daemon_env, small_index
 
 from ragidx.app import launcher
 
@@ -31,14 +31,6 @@ def script(*args: str | Path, env: dict[str, str], **kwargs) -> tuple[subprocess
     return subprocess.CompletedProcess(run, result.returncode, "".join(output), result.stderr), set(
         json.loads(modules)
     )
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def command_sockets(env: dict[str, str]) -> list[Path]:
@@ -94,7 +86,7 @@ def test_the_command_server_ends_with_its_daemon(daemon_env, small_index):
     assert [status["command_server"]["socket"]] == [str(path) for path in command_sockets(daemon_env)]
     assert ragidx("daemon", "stop", env=daemon_env).stdout.startswith("stopped daemon ")
     assert command_sockets(daemon_env) == []  # withdrawn before the stop was answered
-    assert not alive(status["command_server"]["pid"])
+    assert not _alive(status["command_server"]["pid"])
     ragidx("query", "refunds", "--index", small_index, env={**daemon_env, "RAGIDX_DAEMON_IDLE": "1"})
     deadline = time.monotonic() + 30
     while command_sockets(daemon_env) and time.monotonic() < deadline:
