@@ -1349,6 +1349,7 @@ def serve(
         from ragidx.app.server import create_app, is_loopback, listening_socket, loopback_hosts, run
     except ImportError as error:
         raise _missing_extra("serve", "server", error) from None
+    from ragidx.app.model_thread import ModelThread
 
     if token_file is not None:
         token = _read_token(token_file, token)
@@ -1363,20 +1364,29 @@ def serve(
         raise RagidxError("--model serves a model without an index; an --index serves its own model")
     hosts = [*allowed_hosts, *(loopback_hosts() if is_loopback(host) else ["*"])]
     sock = listening_socket(host, port)
+    on_model = ModelThread()  # the model is loaded, and used, on this thread alone
     served: Any
     if model:
-        served = api.Embedder(
-            model, strategy, device=device, dtype=dtype or "auto", trust_remote_code=trust_remote_code
-        )
+        options = {"device": device, "dtype": dtype or "auto", "trust_remote_code": trust_remote_code}
+        served = on_model.run(api.Embedder, model, strategy, **options)
         what = f"{served.model} ({served.strategy.name}) embeddings"
     else:
         served = api.Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        served.strategy  # noqa: B018 - load the model once, before the first request
+        on_model.run(lambda: served.strategy)  # load the model once, before the first request
         what = str(served.reader.directory)
     address = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     guarded = f"; requests need the bearer token (the search page: {address}#token=TOKEN)" if token else ""
     click.echo(f"serving {what} on {address}{guarded}", err=True)
-    run(create_app(served, max_body_bytes, token=token, allowed_hosts=hosts, llm=llm, llm_url=llm_url), sock)
+    app = create_app(
+        served,
+        max_body_bytes,
+        token=token,
+        allowed_hosts=hosts,
+        llm=llm,
+        llm_url=llm_url,
+        model_thread=on_model,
+    )
+    run(app, sock)
 
 
 def _read_token(path: Path, given: str | None) -> str:

@@ -3,7 +3,8 @@
 The model runs one forward at a time (see :mod:`ragidx.app.server`), so under load requests used
 to queue behind each other, each paying a whole forward for one query. A forward takes many
 queries for little more than the cost of one, so one worker thread takes every search waiting
-(up to ``max_batch``), embeds their queries in one call, and answers each with its own options.
+(up to ``max_batch``) and has the model's thread embed their queries in one call and answer each
+with its own options.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from ragidx.app.model_thread import ModelThread
 from ragidx.app.retriever import Hit, Index, SearchOptions
 
 MAX_BATCH = 64  # queries per forward: past this, padding and memory grow faster than the gain
@@ -26,12 +28,12 @@ class PendingSearch:
 
 
 class SearchBatcher:
-    """Runs :meth:`Index.search` for queued requests on one worker thread, holding ``lock`` (the
-    model's) for each batch."""
+    """Gathers queued requests on one worker thread and runs each batch's :meth:`Index.search`
+    calls on ``on_model``, the thread that uses the model."""
 
-    def __init__(self, index: Index, lock: threading.Lock, max_batch: int = MAX_BATCH):
+    def __init__(self, index: Index, on_model: ModelThread, max_batch: int = MAX_BATCH):
         self.index = index
-        self.lock = lock
+        self.on_model = on_model
         self.max_batch = max_batch
         self.pending: queue.SimpleQueue[PendingSearch] = queue.SimpleQueue()
         self.worker = threading.Thread(target=self._serve, name="ragidx-search", daemon=True)
@@ -51,8 +53,7 @@ class SearchBatcher:
                     batch.append(self.pending.get_nowait())
                 except queue.Empty:
                     break
-            with self.lock:
-                self._answer(batch)
+            self.on_model.run(self._answer, batch)
 
     def _answer(self, batch: list[PendingSearch]) -> None:
         dense = [search for search in batch if search.options.mode != "lexical"]

@@ -4,11 +4,9 @@
 (:mod:`ragidx.app.daemon_client`) and print its answer, so only the first call pays for imports,
 the tokenizer and the model. Each connection is served by a thread of its own, but the model
 answers one request at a time (a strategy re-routes the model's attention for a forward pass),
-always on the same thread (:class:`ModelThread`): torch's OpenMP keeps a pool of workers for
-each thread that runs an operator, and once there are more workers than cores they stop spinning
-between operators and sleep. Gemma 3's hybrid search, answered in a new thread per request,
-took 43-44 ms, on one model thread 35-37 ms, as on the main thread alone (2 cores held to AVX2;
-``tests/benchmarks/thread_pools.py``).
+always on the same thread (:class:`~ragidx.app.model_thread.ModelThread`, which says why).
+Gemma 3's hybrid search, answered in a new thread per request, took 43-44 ms, on one model thread
+35-37 ms, as on the main thread alone (2 cores held to AVX2; ``tests/benchmarks/thread_pools.py``).
 Every request first follows the index at its path (a new generation, or the folder deleted,
 rebuilt or swapped: see :meth:`Index.refresh`). It keeps at most :data:`MAX_INDEXES` indexes open
 (the least recently used is closed), and exits after ``idle`` seconds without a request. It binds
@@ -25,11 +23,9 @@ tell a busy daemon from a hung one.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import json
 import os
-import queue
 import select
 import socket
 import sys
@@ -41,6 +37,7 @@ from typing import Any
 
 from ragidx.app.command_server import CommandServer
 from ragidx.app.daemon_client import listen
+from ragidx.app.model_thread import ModelThread
 from ragidx.app.retriever import Index
 from ragidx.indexer.errors import RagidxError
 
@@ -279,33 +276,6 @@ class Daemon:
         if self.model.acquire(timeout=max(0.0, deadline - time.monotonic())):
             for index in self.open.values():
                 self.model_thread.run(index.close)
-
-
-Call = tuple["concurrent.futures.Future[Any]", Callable[..., Any], tuple[Any, ...]]  # result, work, args
-
-
-class ModelThread:
-    """The one thread that runs every call on the open indexes and their models, in turn (see
-    the module's docstring). A daemon thread: a call that never returns does not keep the process
-    from exiting."""
-
-    def __init__(self) -> None:
-        self.calls: queue.SimpleQueue[Call] = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="ragidx-model", daemon=True).start()
-
-    def run(self, work: Callable[..., Any], *args: Any) -> Any:
-        """``work(*args)`` on this thread: its value, or its exception raised here."""
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self.calls.put((done, work, args))
-        return done.result()
-
-    def _serve(self) -> None:
-        while True:
-            done, work, args = self.calls.get()
-            try:
-                done.set_result(work(*args))
-            except BaseException as error:  # raised again in the caller's thread
-                done.set_exception(error)
 
 
 def _read_request(connection: socket.socket, deadline: float) -> Any:

@@ -3,9 +3,9 @@
 document as a ``file://`` resource.
 
 Agents and editors speak the Model Context Protocol; this gives them ragidx's search with the
-index's own model and strategy. As in the HTTP API, every use of the index passes through one lock
-(strategies re-route attention for the length of a forward pass), and nothing a caller sends can
-open a file that is not an indexed document.
+index's own model and strategy. As in the HTTP API, every use of the index runs on one thread, in
+turn (:mod:`ragidx.app.model_thread` says why), and nothing a caller sends can open a file that is
+not an indexed document.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 import functools
 import inspect
 import os
-import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +27,7 @@ from mcp_types import Resource, ToolAnnotations
 from pydantic import Field, ValidationError
 
 from ragidx import __version__
+from ragidx.app.model_thread import ModelThread
 from ragidx.app.retriever import Index, SearchOptions
 from ragidx.app.schemas import (
     DEFAULT_CONTEXT_TOKENS,
@@ -56,12 +56,12 @@ class IndexServer(MCPServer):
     def __init__(self, index: Index):
         super().__init__("ragidx", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
         self.index = index
-        self.lock = threading.Lock()
+        self.on_model = ModelThread()
 
     def load_model(self) -> None:
         """Load the index's model ahead of the first search; a failure is reported by that search."""
-        with self.lock, contextlib.suppress(Exception):
-            self.index.strategy  # noqa: B018 - loads it
+        with contextlib.suppress(Exception):
+            self.on_model.run(lambda: self.index.strategy)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         """The SDK's call, with bad arguments told in one short line as the HTTP API tells them
@@ -80,12 +80,18 @@ class IndexServer(MCPServer):
         return settings.access([] if settings.roots else [row["path"] for row in self.documents()])
 
     def documents(self, path: str | None = None) -> list[dict[str, Any]]:
-        with self.lock:
-            self.index.refresh()
-            return self.index.reader.document_rows(path)
+        return self.on_model.run(lambda: self.refreshed().reader.document_rows(path))
+
+    def info(self) -> dict[str, Any]:
+        return self.on_model.run(lambda: self.refreshed().info())
+
+    def refreshed(self) -> Index:
+        """The index, once it follows the one at its path (a build may have committed since)."""
+        self.index.refresh()
+        return self.index
 
     async def list_resources(self) -> list[Resource]:
-        # In a worker thread, as tools run: the lock may be held by a search's forward pass.
+        # In a worker thread, as tools run: the model's thread may be in a search's forward pass.
         rows = await to_thread.run_sync(self.documents)
         return [
             Resource(
@@ -143,9 +149,8 @@ def create_server(index: Index) -> IndexServer:
         chunk's character span in that document, its page(s) for PDFs, a snippet and its text."""
         query, given = search_options(arguments)
         try:
-            with server.lock:
-                options = SearchOptions.of(**given)
-                hits = server.index.search(query, options)
+            options = SearchOptions.of(**given)
+            hits = server.on_model.run(server.index.search, query, options)
         except RagidxError as error:
             raise ToolError(str(error)) from None
         return {"query": query, "mode": options.mode, "hits": [tool_hit(hit.to_dict()) for hit in hits]}
@@ -161,8 +166,7 @@ def create_server(index: Index) -> IndexServer:
         max_tokens = arguments.pop("max_tokens", DEFAULT_CONTEXT_TOKENS)
         query, given = search_options(arguments)
         try:
-            with server.lock:
-                found = server.index.context(query, max_tokens=max_tokens, **given)
+            found = server.on_model.run(server.index.context, query, max_tokens=max_tokens, **given)
         except RagidxError as error:
             raise ToolError(str(error)) from None
         return found.to_dict()
@@ -213,9 +217,7 @@ def create_server(index: Index) -> IndexServer:
     @server.tool(annotations=READ_ONLY)
     def status() -> dict[str, Any]:
         """The index: model, strategy and its settings, document and chunk counts, size on disk."""
-        with server.lock:
-            server.index.refresh()
-            return server.index.info()
+        return server.info()
 
     return server
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ragidx.app.model_thread import ModelThread
 from ragidx.app.schemas import validation_detail
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import Role
@@ -89,17 +89,16 @@ def add_openai_routes(
     name: Callable[[], str],
     dimension: Callable[[], int],
     count_tokens: Callable[[Sequence[str]], int],
-    lock: threading.Lock,
+    on_model: ModelThread,
 ) -> None:
-    """The routes, on ``app``: ``embed(texts, role)`` under ``lock``; ``name`` and ``dimension``
-    of the model served now (an index rebuilt with another model changes them)."""
+    """The routes, on ``app``: ``embed(texts, role)``, ``name`` and ``dimension`` of the model
+    served now (an index rebuilt with another model changes them), all run on ``on_model``."""
     created = int(time.time())
 
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
     def models() -> dict[str, Any]:
-        with lock:
-            ids = model_ids(name())
+        ids = model_ids(on_model.run(name))
         return {
             "object": "list",
             "data": [{"id": id, "object": "model", "created": created, "owned_by": "ragidx"} for id in ids],
@@ -113,31 +112,33 @@ def add_openai_routes(
             return error.response()
         return JSONResponse(content=answer)
 
+    def _vectors(body: EmbeddingsRequest, texts: list[str]) -> tuple[np.ndarray, int]:
+        """The texts' vectors and their token count, if the request asks for the model served."""
+        ids = model_ids(name())
+        if body.model not in ids:
+            raise OpenAIError(
+                404,
+                f"the model '{body.model[:100]}' is not served here: use one of {', '.join(ids)} "
+                f"(GET /v1/models); the bare '{name()}' embeds as a query",
+                "model_not_found",
+                "model",
+            )
+        served = dimension()
+        if body.dimensions is not None and body.dimensions != served:
+            raise OpenAIError(
+                400,
+                f"this model's vectors have {served} dimensions; ragidx does not shorten them, so "
+                f"dimensions={body.dimensions} cannot be served (leave it out, or give {served})",
+                "invalid_dimensions",
+                "dimensions",
+            )
+        try:
+            return embed(texts, ids[body.model]), count_tokens(texts)
+        except RagidxError as error:
+            raise OpenAIError(400, str(error), "invalid_input", "input") from None
+
     def _embedded(body: EmbeddingsRequest, texts: list[str]) -> dict[str, Any]:
-        with lock:
-            ids = model_ids(name())
-            if body.model not in ids:
-                raise OpenAIError(
-                    404,
-                    f"the model '{body.model[:100]}' is not served here: use one of {', '.join(ids)} "
-                    f"(GET /v1/models); the bare '{name()}' embeds as a query",
-                    "model_not_found",
-                    "model",
-                )
-            served = dimension()
-            if body.dimensions is not None and body.dimensions != served:
-                raise OpenAIError(
-                    400,
-                    f"this model's vectors have {served} dimensions; ragidx does not shorten them, so "
-                    f"dimensions={body.dimensions} cannot be served (leave it out, or give {served})",
-                    "invalid_dimensions",
-                    "dimensions",
-                )
-            try:
-                vectors = embed(texts, ids[body.model])
-                tokens = count_tokens(texts)
-            except RagidxError as error:
-                raise OpenAIError(400, str(error), "invalid_input", "input") from None
+        vectors, tokens = on_model.run(_vectors, body, texts)
         return {
             "object": "list",
             "data": [

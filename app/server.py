@@ -3,10 +3,12 @@ body, or GET with query parameters), embed, OpenAI's embeddings API (:mod:`.open
 info, and a search page at ``/``; or over a model without an index (``ragidx serve --model``):
 the embedding routes alone.
 
-The model is loaded once, before the first request. Every use of the index passes through one
-lock: strategies such as kv-embedding and htp re-route the model's attention for the length of a
-forward pass, so two interleaved forwards would corrupt each other. Searches waiting for the lock
-are answered together, their queries embedded in one forward (:mod:`ragidx.app.batching`).
+The model is loaded once, before the first request. Every use of the index or model runs on one
+thread, in turn (:class:`~ragidx.app.model_thread.ModelThread`): strategies such as kv-embedding
+and htp re-route the model's attention for the length of a forward pass, so two interleaved
+forwards would corrupt each other, and torch's thread pools slow each other down once a second
+thread has used the model. Searches waiting for it are answered together, their queries embedded
+in one forward (:mod:`ragidx.app.batching`).
 Request data is only ever query text, numbers and filter values; nothing in a request names a
 file to open. Bodies are bounded (:class:`BodyLimit`) and errors never echo the input back.
 """
@@ -33,6 +35,7 @@ from ragidx import __version__
 from ragidx.app.batching import SearchBatcher
 from ragidx.app.embedder import Embedder
 from ragidx.app.http_limits import limited_protocol
+from ragidx.app.model_thread import ModelThread
 from ragidx.app.openai_api import add_openai_routes, served_name
 from ragidx.app.retriever import Index, SearchOptions
 from ragidx.app.schemas import (
@@ -156,6 +159,12 @@ class ServedModel:
         tokenizer = self.served.strategy.runtime.tokenizer
         return sum(len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"])
 
+    def health(self) -> dict[str, Any]:
+        if isinstance(self.served, Index):
+            self.served.refresh()
+            return {"status": "ok", "generation": self.served.meta["generation"]}
+        return {"status": "ok", "model": self.name()}
+
     def info(self) -> dict[str, Any]:
         if isinstance(self.served, Index):
             self.served.refresh()
@@ -172,17 +181,19 @@ def create_app(
     allowed_hosts: Sequence[str] | None = None,
     llm: str | None = None,
     llm_url: str | None = None,
+    model_thread: ModelThread | None = None,
 ) -> Callable[..., Awaitable[None]]:
-    """The application serving an index, or a model without one (embeddings only); call
-    ``served.strategy`` first to load the model up front. ``llm`` and ``llm_url``: the model
-    that answers ``POST /ask`` (see :meth:`Index.ask`; a request cannot name another).
+    """The application serving an index, or a model without one (embeddings only), its model
+    used on ``model_thread`` alone (load it there first, to have it loaded up front: see
+    :mod:`ragidx.app.model_thread`). ``llm`` and ``llm_url``: the model that answers ``POST
+    /ask`` (see :meth:`Index.ask`; a request cannot name another).
 
     ``allowed_hosts``: the ``Host`` headers answered (default: this machine's loopback names), so a
     web page cannot reach the server by a name it controls (DNS rebinding); ``["*"]`` answers
     any. ``token``: a bearer token every request but the search page must carry.
     """
     app = FastAPI(title="ragidx", version=__version__, docs_url=None, redoc_url=None)
-    lock = threading.Lock()
+    on_model = model_thread or ModelThread()
     model = ServedModel(served)
 
     @app.exception_handler(RequestValidationError)
@@ -198,27 +209,21 @@ def create_app(
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        with lock:
-            if isinstance(served, Index):
-                served.refresh()
-                return {"status": "ok", "generation": served.meta["generation"]}
-            return {"status": "ok", "model": model.name()}
+        return on_model.run(model.health)
 
     @app.get("/info")
     def info() -> dict[str, Any]:
-        with lock:
-            return model.info()
+        return on_model.run(model.info)
 
     @app.post("/embed")
     def embed(body: EmbedBody) -> dict[str, Any]:
-        with lock:
-            vectors = model.embed(body.texts, body.role)
+        vectors = on_model.run(model.embed, body.texts, body.role)
         return {"role": body.role, "dimension": int(vectors.shape[1]), "vectors": vectors.tolist()}
 
-    add_openai_routes(app, model.embed, model.name, model.dimension, model.count_tokens, lock)
+    add_openai_routes(app, model.embed, model.name, model.dimension, model.count_tokens, on_model)
     if isinstance(served, Index):
-        add_search_routes(app, served, lock)
-        add_ask_route(app, served, lock, llm, llm_url)
+        add_search_routes(app, served, on_model)
+        add_ask_route(app, served, on_model, llm, llm_url)
 
     guarded: Callable[..., Awaitable[None]] = BodyLimit(app, max_body_bytes)
     if token:
@@ -226,10 +231,10 @@ def create_app(
     return TrustedHostMiddleware(guarded, allowed_hosts=list(allowed_hosts or loopback_hosts()))
 
 
-def add_search_routes(app: FastAPI, index: Index, lock: threading.Lock) -> None:
+def add_search_routes(app: FastAPI, index: Index, on_model: ModelThread) -> None:
     """Search and context, by POST with a JSON body or by GET with query parameters (``GET
     /search?q=tides&k=3&path=notes/*``), and the search page."""
-    batcher = SearchBatcher(index, lock)
+    batcher = SearchBatcher(index, on_model)
     page = resources.files("ragidx.app").joinpath("static/search.html").read_text(encoding="utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -242,8 +247,7 @@ def add_search_routes(app: FastAPI, index: Index, lock: threading.Lock) -> None:
         return {"query": query, "mode": options.mode, "k": options.k, "hits": [hit.to_dict() for hit in hits]}
 
     def context(query: str, given: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-        with lock:
-            return index.context(query, max_tokens=max_tokens, **given).to_dict()
+        return on_model.run(index.context, query, max_tokens=max_tokens, **given).to_dict()
 
     @app.post("/search")
     async def search(body: SearchBody) -> dict[str, Any]:
@@ -265,7 +269,7 @@ def add_search_routes(app: FastAPI, index: Index, lock: threading.Lock) -> None:
 
 
 def add_ask_route(
-    app: FastAPI, index: Index, lock: threading.Lock, llm: str | None, llm_url: str | None
+    app: FastAPI, index: Index, on_model: ModelThread, llm: str | None, llm_url: str | None
 ) -> None:
     """``POST /ask``: the search body plus ``max_tokens``, ``max_new_tokens`` and ``closed_book``;
     streamed as JSON lines, ``{"text": ...}`` as the answer is written, then ``{"answer": ...}``
@@ -273,8 +277,8 @@ def add_ask_route(
     alone."""
 
     def answer(query: str, given: dict[str, Any], on_text: Callable[[str], None]) -> dict[str, Any]:
-        with lock:
-            return index.ask(query, llm=llm, llm_url=llm_url, on_text=on_text, **given).to_dict()
+        found = on_model.run(index.ask, query, llm=llm, llm_url=llm_url, on_text=on_text, **given)
+        return found.to_dict()
 
     @app.post("/ask", response_model=None)
     def ask(body: AskBody) -> dict[str, Any] | StreamingResponse:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import collections
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,25 @@ def plain_models(tiny_models):
         model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
         loaded[arch] = (model, AutoTokenizer.from_pretrained(path))
     return loaded
+
+
+@pytest.fixture
+def index_threads(monkeypatch):
+    """``watch(*names)`` records, from then on, which threads call each of :class:`Index`'s
+    methods named, in the dictionary it returns (method -> thread idents)."""
+    from ragidx.app import Index
+
+    used: dict[str, set[int]] = collections.defaultdict(set)
+
+    def watch(*names: str) -> dict[str, set[int]]:
+        for name in names:
+            original = getattr(Index, name)
+
+            def recorded(self, *args, _name=name, _original=original, **kwargs):
+                used[_name].add(threading.get_ident())
+                return _original(self, *args, **kwargs)
+
+            monkeypatch.setattr(Index, name, recorded)
+        return used
+
+    return watch

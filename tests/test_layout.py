@@ -60,6 +60,7 @@ OPTIONAL_EXTRAS = {
 LOCAL_OWN_IMPORTS = {
     "cli": {
         "app.server",
+        "app.model_thread",
         "app.mcp_server",
         "app.mcp_stdio",
         "app.daemon",

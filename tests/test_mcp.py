@@ -6,6 +6,7 @@ re-reading files."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,30 @@ def test_tools_answer_as_the_python_api_does(mcp_index):
         info["documents"],
         info["chunks"],
     )
+
+
+def test_every_tool_uses_the_index_on_the_one_model_thread(mcp_index, index_threads):
+    """Tools run on the SDK's worker threads; every use of the index (search, context, status,
+    the documents listed) runs on the server's one model thread."""
+    from ragidx.app.mcp_server import create_server
+
+    used = index_threads("search", "context", "refresh", "info")
+
+    async def calls(server) -> list:
+        return [
+            await server.call_tool("search", {"query": "kelp forests", "k": 2}),
+            await server.call_tool("context", {"query": "kelp forests", "max_tokens": 60}),
+            await server.call_tool("status", {}),
+            await server.list_resources(),
+        ]
+
+    with Index.open(mcp_index) as index:
+        server = create_server(index)
+        server.load_model()
+        answers = asyncio.run(calls(server))
+        model = server.on_model.run(threading.get_ident)
+    assert all(answers) and set(used) == {"search", "context", "refresh", "info"}
+    assert all(threads == {model} for threads in used.values()), used
 
 
 def test_documents_are_resources(mcp_index):

@@ -37,6 +37,18 @@ def test_processes_that_hold_a_core_are_counted():
     assert None not in seen and statistics.median(seen) >= 2  # others may be busy too (CI workers)
 
 
+@pytest.mark.parametrize(
+    ("samples", "expected"),
+    [([0], 0), ([None], None), ([1, 0], 0), ([2, 2], 2), ([3, 1], 1), ([1, None], None)],
+)
+def test_only_what_is_still_runnable_a_moment_later_is_busy(monkeypatch, samples, expected):
+    """A client that has just sent its query runs on for a moment, then waits for the answer: a
+    count above zero is taken again, and the smaller one stands (None: the system did not say)."""
+    left, looks = iter(samples), []
+    monkeypatch.setattr(threads, "runnable_elsewhere", lambda: looks.append(next(left)) or looks[-1])
+    assert threads.busy_elsewhere() == expected and looks == samples
+
+
 def test_the_threads_are_the_idle_cores_or_the_setting(monkeypatch):
     monkeypatch.delenv(threads.THREADS_VARIABLE, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)

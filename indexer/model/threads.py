@@ -8,7 +8,8 @@ the others wait for it, operator after operator. On two cores with both busy, Sm
 threads were 1.3x faster than one (docs/precision.md, ``tests/benchmarks/query_threads.py``). So a
 one-text forward takes as many threads as there are cores that are idle now: Linux counts the
 runnable threads of the whole machine in ``/proc/loadavg``, and this process's own in
-``/proc/self/task``. ``RAGIDX_QUERY_THREADS`` fixes the number instead.
+``/proc/self/task``; a count above zero is taken again a moment later (see :func:`busy_elsewhere`).
+``RAGIDX_QUERY_THREADS`` fixes the number instead.
 """
 
 from __future__ import annotations
@@ -16,15 +17,34 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from ragidx.indexer.errors import RagidxError
 
 THREADS_VARIABLE = "RAGIDX_QUERY_THREADS"
+SETTLE_SECONDS = 0.0003  # long enough for a client that sent a query to wait for its answer
 
 
 def busy_elsewhere() -> int | None:
+    """Threads of other processes that hold or wait for a core now and a moment later, or None
+    where this system does not say (not Linux).
+
+    A process that has just sent this one its query (an HTTP client, ``ragidx query`` through the
+    daemon), and this process's thread that handed the query over (asleep by the time its own
+    threads are counted), run on for a fraction of a millisecond before they wait for the answer:
+    counted once, they often took a core from the query. A
+    process that computes is counted both times; one that went to wait meanwhile is not."""
+    first = runnable_elsewhere()
+    if not first:
+        return first
+    time.sleep(SETTLE_SECONDS)
+    again = runnable_elsewhere()
+    return None if again is None else min(first, again)
+
+
+def runnable_elsewhere() -> int | None:
     """Threads of other processes running or waiting for a core now, or None where this system
     does not say (not Linux)."""
     try:

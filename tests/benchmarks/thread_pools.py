@@ -4,12 +4,16 @@
   (ragidx's way, ``one_thread_for_one_query`` in indexer/storage/vector_index.py) against FAISS on
   all of its threads; prints the medians of embedding the query and of the search (k=10).
 - ``--compare daemon``: the daemon's model work on its one model thread (ragidx's way,
-  ``ModelThread`` in app/daemon.py) against each request's own thread, and the main thread alone
-  for reference; each request comes from a new thread, as a connection does, 50 ms apart; prints
-  the median of a hybrid search answered by ``Daemon.answer``.
+  ``ModelThread`` in app/model_thread.py) against each request's own thread, and the main thread
+  alone for reference; each request comes from a new thread, as a connection does, 50 ms apart;
+  prints the median of a hybrid search answered by ``Daemon.answer``.
+- ``--compare http``: the HTTP API (``create_app`` through Starlette's test client) with the model
+  loaded and used on one model thread (ragidx's way) against the model loaded on the main thread
+  and used on the threads that answer requests (the search batcher's, anyio's workers); prints
+  the medians of ``POST /search`` (hybrid) and ``POST /v1/embeddings`` (one text).
 
-Usage: python tests/benchmarks/thread_pools.py --compare faiss|daemon --index IDX [--rounds 3]
-       [--queries 21]
+Usage: python tests/benchmarks/thread_pools.py --compare faiss|daemon|http --index IDX
+       [--rounds 3] [--queries 21]
 
 Threads that have run an operator stay in their pools, waking and spinning beside the model's
 for the rest of the process, so a setting cannot be timed alternately with another in one
@@ -41,6 +45,7 @@ SETTINGS = {
         "request": "each request's own thread",
         "main": "the main thread, no request threads",
     },
+    "http": {"model": "one model thread (ragidx)", "request": "the request's thread"},
 }
 
 
@@ -95,6 +100,37 @@ def daemon_threads(index_dir: str, queries: int, setting: str) -> str:
         return f"hybrid search {median_ms(ask, queries, pause=0.05):5.1f} ms"
 
 
+def http_threads(index_dir: str, queries: int, setting: str) -> str:
+    from fastapi.testclient import TestClient
+
+    from ragidx.app import Index
+    from ragidx.app.model_thread import ModelThread
+    from ragidx.app.server import create_app
+
+    index = Index.open(index_dir)
+    on_model = ModelThread()
+    if setting == "request":
+        on_model.run = lambda work, *args, **kwargs: work(*args, **kwargs)  # type: ignore[method-assign]
+    on_model.run(lambda: index.strategy)  # loaded where it is used, as `ragidx serve` loads it
+    client = TestClient(create_app(index, model_thread=on_model), base_url="http://localhost")
+    model = client.get("/v1/models").json()["data"][0]["id"]
+
+    def search(query: str) -> None:
+        client.post("/search", json={"query": query, "k": 10}).raise_for_status()
+
+    def embeddings(query: str) -> None:
+        client.post("/v1/embeddings", json={"input": query, "model": model}).raise_for_status()
+
+    for query in QUERIES:
+        search(query)
+        embeddings(query)
+    search_ms, embeddings_ms = median_ms(search, queries), median_ms(embeddings, queries)
+    return f"hybrid search {search_ms:5.1f} ms, embeddings {embeddings_ms:5.1f} ms"
+
+
+MEASURES = {"faiss": faiss_threads, "daemon": daemon_threads, "http": http_threads}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compare", choices=SETTINGS, required=True)
@@ -105,8 +141,7 @@ def main() -> None:
     arguments = parser.parse_args()
     index = str(Path(arguments.index).resolve())
     if arguments.measure:
-        measure = faiss_threads if arguments.compare == "faiss" else daemon_threads
-        print(measure(index, arguments.queries, arguments.measure))
+        print(MEASURES[arguments.compare](index, arguments.queries, arguments.measure))
         return
     command = [sys.executable, __file__, "--compare", arguments.compare, "--index", index]
     command += ["--queries", str(arguments.queries)]
