@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from test_cli import assert_one_line_error, ragidx
+from test_cli import RAGIDX, assert_one_line_error, ragidx
 from test_daemon import _alive, daemon_env, small_index
 
-from ragidx.app import launcher
+from ragidx.app import daemon_client, launcher
 
 daemon_env, small_index = daemon_env, small_index  # the fixtures, used below
 
@@ -92,3 +93,40 @@ def test_the_command_server_ends_with_its_daemon(daemon_env, small_index):
     while command_sockets(daemon_env) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert command_sockets(daemon_env) == []  # and when the daemon leaves for idleness
+
+
+def children(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+
+
+def test_ctrl_c_on_the_script_interrupts_the_command_in_the_server(daemon_env, small_index):
+    """The script's Ctrl-C closes its connection; the server interrupts the command's process as
+    Ctrl-C would, which ends with Ctrl-C's status; the daemon answers on afterwards."""
+    query = ("query", "refunds", "--index", small_index, "-k", "2")
+    expected = ragidx(*query, env=daemon_env).stdout  # starts the daemon and its command server
+    status = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)
+    server = status["command_server"]["pid"]
+    os.kill(status["pid"], signal.SIGSTOP)  # the command waits for the daemon's answer
+    try:
+        client = subprocess.Popen(
+            [RAGIDX, *map(str, query)],
+            env=daemon_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        while not children(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        command = children(server)
+        assert len(command) == 1  # the command runs in the server's child, waiting
+        time.sleep(0.5)  # past the hand-over, into the wait
+        client.send_signal(signal.SIGINT)
+        _, stderr = client.communicate(timeout=30)  # the child holds the streams until it ends
+        assert client.returncode == daemon_client.INTERRUPTED and "aborted" in stderr
+        while children(server) and time.monotonic() < deadline:  # reaped by the server
+            time.sleep(0.05)
+        assert not _alive(int(command[0])) and children(server) == []
+    finally:
+        os.kill(status["pid"], signal.SIGCONT)
+    assert ragidx(*query, env=daemon_env).stdout == expected
