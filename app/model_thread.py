@@ -1,4 +1,5 @@
-"""One thread for all of a server's model work: the daemon's, the HTTP API's and the MCP server's.
+"""One thread for all of a server's model work: the daemon's, the HTTP API's, the MCP server's and
+each LangChain or LlamaIndex adapter's (frameworks call from pools of threads).
 
 torch's OpenMP keeps a pool of workers for each thread that runs an operator. Once a process
 has more of them than cores (a model loaded on one thread and used on others, or a request per
@@ -6,6 +7,7 @@ thread), they stop spinning between operators and sleep, and every operator pays
 Gemma 3 on 2 cores held to AVX2 (``tests/benchmarks/thread_pools.py``): the daemon's hybrid search
 took 43-44 ms on each request's thread, 35-37 ms on one model thread; one text's embedding through
 the HTTP API 47-49 ms loaded on the main thread and run on the request's, 37-42 ms on one model
+thread; LangChain's ``ainvoke`` 42-53 ms searched on LangChain's threads, 34-41 ms on one model
 thread. So a server loads, runs and closes its models on one :class:`ModelThread`, in turn, which
 also keeps two forwards from interleaving (a strategy re-routes the model's attention for a
 forward pass).
@@ -31,12 +33,17 @@ class ModelThread:
         self.calls: queue.SimpleQueue[Call] = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="ragidx-model", daemon=True).start()
 
-    def run(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``work(*args, **kwargs)`` on this thread, once the calls before it are done: its value,
-        or its exception raised here."""
+    def submit(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        """Queue ``work(*args, **kwargs)`` to run on this thread once the calls before it are done;
+        the future holds its value or its exception (async code awaits it with
+        :func:`asyncio.wrap_future`, its event loop running on meanwhile)."""
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.calls.put((done, work, args, kwargs))
-        return done.result()
+        return done
+
+    def run(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``work(*args, **kwargs)`` on this thread: its value, or its exception raised here."""
+        return self.submit(work, *args, **kwargs).result()
 
     def _serve(self) -> None:
         while True:

@@ -5,6 +5,7 @@ pipelines. Expected values come from the Python API and from re-reading the docu
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import itertools
@@ -297,6 +298,63 @@ def test_llama_index_retriever_and_embedding_in_a_query_engine(index):
         np.testing.assert_allclose(
             embedding.get_query_embedding("tides"), opened.embed(["tides"], "query")[0]
         )
+
+
+def test_async_calls_from_the_frameworks_leave_their_event_loop_free(index, monkeypatch):
+    """LangChain's and LlamaIndex's async calls wait for the adapter's own model thread without
+    holding up the event loop (which here must run on for the call to go on), and answer as the
+    sync calls do."""
+    pytest.importorskip("langchain_core")
+    pytest.importorskip("llama_index.core")
+    from ragidx.app.integrations import langchain, llama_index
+
+    released, waited, used = threading.Event(), [], set()
+    for name in ("search", "embed"):
+        original = getattr(Index, name)
+
+        def held(self, *args, _original=original, **kwargs):
+            waited.append(released.wait(timeout=5))  # set by the event loop while the call waits
+            used.add(threading.get_ident())
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Index, name, held)
+    query, texts = "how do I return a bike", ["a", "b c"]
+    retriever, nodes = (
+        langchain.RagidxRetriever.from_index(index, k=3),
+        llama_index.RagidxRetriever.from_index(index, k=3),
+    )
+    embeddings, embedding = langchain.RagidxEmbeddings(index), llama_index.RagidxEmbedding(index)
+
+    async def meanwhile_released(call):
+        released.clear()
+        answer = asyncio.ensure_future(call)
+        await asyncio.sleep(0.01)
+        released.set()
+        return await answer
+
+    async def calls() -> list:
+        return [
+            await meanwhile_released(retriever.ainvoke(query)),
+            await meanwhile_released(embeddings.aembed_query(query)),
+            await meanwhile_released(embeddings.aembed_documents(texts)),
+            [(n.node.text, n.score) for n in await meanwhile_released(nodes.aretrieve(query))],
+            await meanwhile_released(embedding.aget_query_embedding(query)),
+            await meanwhile_released(embedding.aget_text_embedding_batch(texts)),
+        ]
+
+    got = asyncio.run(calls())
+    assert len(waited) >= 6 and all(waited)  # a search embeds its query too
+    released.set()
+    assert got == [
+        retriever.invoke(query),
+        embeddings.embed_query(query),
+        embeddings.embed_documents(texts),
+        [(n.node.text, n.score) for n in nodes.retrieve(query)],
+        embedding.get_query_embedding(query),
+        embedding.get_text_embedding_batch(texts),
+    ]
+    adapters = (retriever.source, embeddings.source, nodes.source, embedding._source)
+    assert used == {adapter.on_model.run(threading.get_ident) for adapter in adapters}
 
 
 def test_the_rag_page_examples_run(index, tmp_path, monkeypatch):

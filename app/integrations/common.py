@@ -1,10 +1,10 @@
-"""What both frameworks' adapters share: an open index or a model to embed with, used by one
-thread at a time (a framework may call from several; a strategy re-routes the model's attention
-for the length of a forward pass), and a hit's fields as a framework's metadata."""
+"""What both frameworks' adapters share: an open index or a model to embed with, used on one
+thread of its own (a framework may call from several: its async calls run in a pool of threads;
+see :mod:`ragidx.app.model_thread`), and a hit's fields as a framework's metadata."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ragidx.app.embedder import Embedder
+from ragidx.app.model_thread import ModelThread
 from ragidx.app.retriever import Hit, Index, SearchOptions
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import Role
@@ -23,28 +24,41 @@ def opened(index: Index | str | Path) -> Index:
 
 
 class Guarded:
-    """An index or an embedder behind a lock: searches and embeddings one at a time."""
+    """An index or an embedder whose searches and embeddings run one at a time, on its model's
+    thread, whichever thread asks."""
 
-    def __init__(self, source: Index | Embedder):
+    def __init__(self, source: Index | Embedder, on_model: ModelThread):
         self.source = source
-        self.lock = threading.Lock()
+        self.on_model = on_model
 
     @classmethod
     def of(cls, index: Index | str | Path | None, model: str | None, **options: Any) -> Guarded:
-        """An index (``index``), or a model without one (``model``, ``strategy=`` and its options)."""
+        """An index (``index``; its model loads on first use), or a model without one (``model``,
+        ``strategy=`` and its options; loaded now), on a model thread of their own."""
         if (index is None) == (model is None):
             raise RagidxError("give an index to embed as it does, or a model (with its strategy), not both")
-        return cls(opened(index) if index is not None else Embedder(model, **options))
+        on_model = ModelThread()
+        source = opened(index) if index is not None else on_model.run(Embedder, model, **options)
+        return cls(source, on_model)
 
     def search(self, query: str, options: SearchOptions) -> list[Hit]:
-        if not isinstance(self.source, Index):
-            raise TypeError("searching needs an index")
-        with self.lock:
-            return self.source.search(query, options)
+        return self.on_model.run(self.index().search, query, options)
 
     def embed(self, texts: Sequence[str], role: Role) -> np.ndarray:
-        with self.lock:
-            return self.source.embed(list(texts), role)
+        return self.on_model.run(self.source.embed, list(texts), role)
+
+    async def asearch(self, query: str, options: SearchOptions) -> list[Hit]:
+        """:meth:`search` for a framework's async calls: the event loop runs on meanwhile."""
+        return await asyncio.wrap_future(self.on_model.submit(self.index().search, query, options))
+
+    async def aembed(self, texts: Sequence[str], role: Role) -> np.ndarray:
+        """:meth:`embed` for a framework's async calls: the event loop runs on meanwhile."""
+        return await asyncio.wrap_future(self.on_model.submit(self.source.embed, list(texts), role))
+
+    def index(self) -> Index:
+        if not isinstance(self.source, Index):
+            raise TypeError("searching needs an index")
+        return self.source
 
 
 def hit_metadata(hit: Hit) -> dict[str, Any]:

@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict
 
 from ragidx.app.integrations.common import Guarded, hit_metadata
-from ragidx.app.retriever import Index, SearchOptions
+from ragidx.app.retriever import Hit, Index, SearchOptions
 
 
 class RagidxRetriever(BaseRetriever):
@@ -39,8 +39,16 @@ class RagidxRetriever(BaseRetriever):
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **options: Any
     ) -> list[Document]:
-        hits = self.source.search(query, SearchOptions.of(self.options, **options))
-        return [Document(page_content=hit.text, metadata=hit_metadata(hit)) for hit in hits]
+        return documents(self.source.search(query, SearchOptions.of(self.options, **options)))
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **options: Any
+    ) -> list[Document]:
+        return documents(await self.source.asearch(query, SearchOptions.of(self.options, **options)))
+
+
+def documents(hits: list[Hit]) -> list[Document]:
+    return [Document(page_content=hit.text, metadata=hit_metadata(hit)) for hit in hits]
 
 
 class RagidxEmbeddings(Embeddings):
@@ -55,3 +63,9 @@ class RagidxEmbeddings(Embeddings):
 
     def embed_query(self, text: str) -> list[float]:
         return self.source.embed([text], "query")[0].tolist()
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        return (await self.source.aembed(texts, "document")).tolist() if texts else []
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return (await self.source.aembed([text], "query"))[0].tolist()

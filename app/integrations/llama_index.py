@@ -16,7 +16,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import PrivateAttr
 
 from ragidx.app.integrations.common import Guarded, hit_metadata
-from ragidx.app.retriever import Index, SearchOptions
+from ragidx.app.retriever import Hit, Index, SearchOptions
 
 
 class RagidxRetriever(BaseRetriever):
@@ -35,20 +35,26 @@ class RagidxRetriever(BaseRetriever):
         return cls(Guarded.of(index, None), SearchOptions.of(**options))
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        hits = self.source.search(query_bundle.query_str, self.options)
-        return [
-            NodeWithScore(
-                node=TextNode(
-                    id_=f"ragidx-{hit.chunk_id}",
-                    text=hit.text,
-                    metadata=hit_metadata(hit),
-                    excluded_embed_metadata_keys=["span", "chunk_id", "score", "rank"],
-                    excluded_llm_metadata_keys=["span", "chunk_id", "score", "rank"],
-                ),
-                score=hit.score,
-            )
-            for hit in hits
-        ]
+        return nodes(self.source.search(query_bundle.query_str, self.options))
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return nodes(await self.source.asearch(query_bundle.query_str, self.options))
+
+
+def nodes(hits: list[Hit]) -> list[NodeWithScore]:
+    return [
+        NodeWithScore(
+            node=TextNode(
+                id_=f"ragidx-{hit.chunk_id}",
+                text=hit.text,
+                metadata=hit_metadata(hit),
+                excluded_embed_metadata_keys=["span", "chunk_id", "score", "rank"],
+                excluded_llm_metadata_keys=["span", "chunk_id", "score", "rank"],
+            ),
+            score=hit.score,
+        )
+        for hit in hits
+    ]
 
 
 class RagidxEmbedding(BaseEmbedding):
@@ -67,10 +73,16 @@ class RagidxEmbedding(BaseEmbedding):
         return self._source.embed([query], "query")[0].tolist()
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
+        return (await self._source.aembed([query], "query"))[0].tolist()
 
     def _get_text_embedding(self, text: str) -> list[float]:
         return self._source.embed([text], "document")[0].tolist()
 
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        return (await self._source.aembed([text], "document"))[0].tolist()
+
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
         return self._source.embed(texts, "document").tolist()
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return (await self._source.aembed(texts, "document")).tolist()

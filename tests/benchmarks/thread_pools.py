@@ -11,8 +11,12 @@
   loaded and used on one model thread (ragidx's way) against the model loaded on the main thread
   and used on the threads that answer requests (the search batcher's, anyio's workers); prints
   the medians of ``POST /search`` (hybrid) and ``POST /v1/embeddings`` (one text).
+- ``--compare langchain``: LangChain's retriever (``RagidxRetriever``) searching on its own model
+  thread (ragidx's way) against searching on the thread LangChain calls from; prints the medians
+  of ``await retriever.ainvoke(query)`` (LangChain runs it in a pool of threads) and then of
+  ``retriever.invoke(query)`` from the main thread.
 
-Usage: python tests/benchmarks/thread_pools.py --compare faiss|daemon|http --index IDX
+Usage: python tests/benchmarks/thread_pools.py --compare faiss|daemon|http|langchain --index IDX
        [--rounds 3] [--queries 21]
 
 Threads that have run an operator stay in their pools, waking and spinning beside the model's
@@ -46,6 +50,7 @@ SETTINGS = {
         "main": "the main thread, no request threads",
     },
     "http": {"model": "one model thread (ragidx)", "request": "the request's thread"},
+    "langchain": {"model": "one model thread (ragidx)", "caller": "the caller's thread"},
 }
 
 
@@ -128,7 +133,35 @@ def http_threads(index_dir: str, queries: int, setting: str) -> str:
     return f"hybrid search {search_ms:5.1f} ms, embeddings {embeddings_ms:5.1f} ms"
 
 
-MEASURES = {"faiss": faiss_threads, "daemon": daemon_threads, "http": http_threads}
+def langchain_threads(index_dir: str, queries: int, setting: str) -> str:
+    import asyncio
+
+    from ragidx.app.integrations.langchain import RagidxRetriever
+
+    retriever = RagidxRetriever.from_index(index_dir, k=10)
+    if setting == "caller":
+        retriever.source.on_model.run = lambda work, *args, **kwargs: work(*args, **kwargs)  # type: ignore[method-assign]
+
+    async def in_pool() -> float:
+        for query in QUERIES:
+            await retriever.ainvoke(query)
+        seconds = []
+        for i in range(queries):
+            started = time.perf_counter()
+            await retriever.ainvoke(QUERIES[i % len(QUERIES)])
+            seconds.append(time.perf_counter() - started)
+        return 1000 * statistics.median(seconds)
+
+    pooled = asyncio.run(in_pool())
+    return f"ainvoke {pooled:5.1f} ms, then invoke {median_ms(retriever.invoke, queries):5.1f} ms"
+
+
+MEASURES = {
+    "faiss": faiss_threads,
+    "daemon": daemon_threads,
+    "http": http_threads,
+    "langchain": langchain_threads,
+}
 
 
 def main() -> None:
