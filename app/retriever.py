@@ -50,6 +50,7 @@ class Index:
         self.dtype = dtype or self.settings.dtype or "auto"
         self.trust_remote_code = trust_remote_code
         self._strategy: Strategy | None = strategy
+        self._loading = threading.Lock()
         self._strategy_settings = self.settings.model_identity
         self._generators: dict[tuple[str, int], LocalGenerator] = {}
         self.engine = SearchEngine(reader, lambda texts: self.embed(texts, "query"), device)
@@ -122,11 +123,12 @@ class Index:
     def strategy(self) -> Strategy:
         """The index's strategy with its model, loaded on first use and again after a rebuild with
         other model settings."""
-        settings = self.settings
-        if self._strategy is None or settings.model_identity != self._strategy_settings:
-            self._strategy = settings.load_strategy(self.device, self.dtype, self.trust_remote_code)
-            self._strategy_settings = settings.model_identity
-        return self._strategy
+        with self._loading:  # threads searching at once load it once
+            settings = self.settings
+            if self._strategy is None or settings.model_identity != self._strategy_settings:
+                self._strategy = settings.load_strategy(self.device, self.dtype, self.trust_remote_code)
+                self._strategy_settings = settings.model_identity
+            return self._strategy
 
     def check_compatible(self, model: str | None = None, strategy: str | None = None) -> None:
         """Refuse a query that names another model or strategy than the index was built with."""

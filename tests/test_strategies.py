@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -112,3 +114,29 @@ def test_unknown_strategy_and_bad_template_are_refused(runtimes):
         create_strategy("nope", runtimes["qwen2"])
     with pytest.raises(RagidxError, match=r"\{text\} exactly once"):
         create_strategy("mean", runtimes["qwen2"], document_template="no slot")
+
+
+@pytest.mark.parametrize("name", ["htp", "cp", "kv-embedding"])
+def test_threads_embedding_at_once_get_what_each_would_alone(runtimes, name):
+    """Strategies hook the model for the length of their forwards (these re-route its attention or
+    states): threads sharing a model take turns, and none gets another's vector or its error."""
+    strategy = create_strategy(name, runtimes["llama"])
+    texts = [f"{text} ({n})" for n in range(8) for text in TEXTS]
+    alone = {text: strategy.encode([text])[0] for text in texts}
+    got, errors = {}, []
+
+    def embed(part: list[str]) -> None:
+        try:
+            for text in part:
+                got[text] = strategy.encode([text])[0]
+        except Exception as error:  # what a thread raised is the failure to report
+            errors.append(error)
+
+    threads = [threading.Thread(target=embed, args=(texts[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors[0]
+    for text in texts:
+        np.testing.assert_allclose(got[text], alone[text], atol=1e-5, err_msg=text)

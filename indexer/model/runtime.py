@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +187,9 @@ class ModelRuntime:
         self.layers_run = 0
         self.layers_available = 0
         self.padded_tokens = 0  # cells of every batch padded so far, real tokens and padding (benchmarks)
+        # One caller at a time: strategies hook the model (and re-route its attention) for the
+        # length of their forward passes, so two threads' forwards would mix.
+        self.in_use = threading.RLock()
         for layer in self.arch.layers:
             layer.register_forward_pre_hook(self._count_layer)
 

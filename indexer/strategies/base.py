@@ -234,7 +234,7 @@ class Strategy(ABC):
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         sequences = [row.ids for row in prepared]
         one_text = len(texts) == 1 and self.runtime.device.type == "cpu"  # a query, as a rule
-        with threads_for_one_text() if one_text else contextlib.nullcontext():
+        with self.runtime.in_use, threads_for_one_text() if one_text else contextlib.nullcontext():
             for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):
                 out[batch.indices] = self._vectors(batch, prepared).float().cpu().numpy()
                 if progress:
