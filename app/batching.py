@@ -56,7 +56,7 @@ class SearchBatcher:
             self.on_model.run(self._answer, batch)
 
     def _answer(self, batch: list[PendingSearch]) -> None:
-        dense = [search for search in batch if search.options.mode != "lexical"]
+        dense = [search for search in batch if self.index.engine.embeds_queries(search.options)]
         try:
             vectors = self.index.embed([search.query for search in dense]) if len(dense) > 1 else None
         except Exception:  # one bad query must not fail the others: each runs alone below

@@ -190,10 +190,15 @@ def test_bodies_are_bounded_and_never_echoed(index):
     assert client.post("/search", json={"query": "tides", "k": 2}).status_code == 200
 
 
-def test_concurrent_searches_share_forward_passes(index):
-    """Queued searches are embedded together: fewer forwards than requests, same answers."""
+@pytest.mark.parametrize(
+    ("options", "embedded"),
+    [({"mode": "dense"}, True), ({"mode": "hybrid", "weights": {"dense": 0, "lexical": 1}}, False)],
+)
+def test_concurrent_searches_share_forward_passes(index, options, embedded):
+    """Queued searches are embedded together: fewer forwards than requests, same answers; and
+    not at all where they do not read the vectors (a hybrid search that weighs them 0)."""
     queries = ["ships and rocks", "compost heap", "espresso grind", "tides and the moon"] * 6
-    expected = {q: search_result(index, q, k=3) for q in set(queries)}
+    expected = {q: search_result(index, q, k=3, **options) for q in set(queries)}
     forwards = []
     original = index.embed
 
@@ -209,14 +214,17 @@ def test_concurrent_searches_share_forward_passes(index):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
                 return await asyncio.gather(
-                    *(http.post("/search", json={"query": q, "k": 3}) for q in queries)
+                    *(http.post("/search", json={"query": q, "k": 3, **options}) for q in queries)
                 )
 
         responses = asyncio.run(fire())
     finally:
         del index.embed
     assert [response_result(r) for r in responses] == [expected[q] for q in queries]
-    assert sum(forwards) == len(queries) and len(forwards) < len(queries) / 2, forwards
+    if embedded:
+        assert sum(forwards) == len(queries) and len(forwards) < len(queries) / 2, forwards
+    else:
+        assert forwards == []
 
 
 def test_a_body_that_is_not_json_is_422(client):

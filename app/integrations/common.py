@@ -56,6 +56,7 @@ class Guarded:
         return await asyncio.wrap_future(self.on_model.submit(self.source.embed, list(texts), role))
 
     def index(self) -> Index:
+        """The index searched; a model given without one cannot search."""
         if not isinstance(self.source, Index):
             raise TypeError("searching needs an index")
         return self.source

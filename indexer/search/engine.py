@@ -76,7 +76,7 @@ class SearchEngine:
         ``vectors``: the queries' embeddings where the caller has them."""
         check_queries(queries)
         return self._in_snapshot(
-            lambda: "dense" in self._lists(options), lambda: self._search(queries, options, vectors)
+            lambda: self.embeds_queries(options), lambda: self._search(queries, options, vectors)
         )
 
     def rankings(self, queries: Sequence[str], depth: int, vectors: np.ndarray | None = None) -> list[Ranked]:
@@ -118,6 +118,11 @@ class SearchEngine:
         """The fusion a hybrid search uses: the index's tuned one, or what the options give."""
         stored = Fusion.of_index(self.meta)
         return replace(options.weights or stored, method=options.fusion or stored.method)
+
+    def embeds_queries(self, options: SearchOptions) -> bool:
+        """Whether a search with ``options`` embeds its queries: it reads the dense list (its
+        mode's, or a hybrid fusion that weighs it above 0)."""
+        return "dense" in self._lists(options)
 
     def _lists(self, options: SearchOptions) -> tuple[str, ...]:
         """The lists a search reads: its mode's, or for hybrid those its fusion weighs above 0."""
