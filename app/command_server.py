@@ -107,6 +107,9 @@ def _run(connection: socket.socket, main: Main) -> NoReturn:
     """The child: become the client's process, run its command, send back the exit status. A
     request that never became a command is answered ``{"unrun": why}``: the client runs it itself."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a command's own subprocesses are waited for
+    # Interruptible by _interrupt_when_gone even where SIGINT came ignored: a daemon started by a
+    # command run in the background (`&`, nohup, a service) inherits that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         request = _become_client(connection)
     except (OSError, ValueError, KeyError, TypeError) as error:

@@ -101,9 +101,12 @@ def children(pid: int) -> list[str]:
 
 def test_ctrl_c_on_the_script_interrupts_the_command_in_the_server(daemon_env, small_index):
     """The script's Ctrl-C closes its connection; the server interrupts the command's process as
-    Ctrl-C would, which ends with Ctrl-C's status; the daemon answers on afterwards."""
+    Ctrl-C would, which ends with Ctrl-C's status; the daemon answers on afterwards. The daemon
+    is started as from a background job (SIGINT ignored, which it inherits); the script as from
+    a terminal (SIGINT delivered)."""
     query = ("query", "refunds", "--index", small_index, "-k", "2")
-    expected = ragidx(*query, env=daemon_env).stdout  # starts the daemon and its command server
+    ignoring = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    expected = ragidx(*query, env=daemon_env, preexec_fn=ignoring).stdout  # starts the daemon and its server
     status = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)
     server = status["command_server"]["pid"]
     os.kill(status["pid"], signal.SIGSTOP)  # the command waits for the daemon's answer
@@ -111,6 +114,7 @@ def test_ctrl_c_on_the_script_interrupts_the_command_in_the_server(daemon_env, s
         client = subprocess.Popen(
             [RAGIDX, *map(str, query)],
             env=daemon_env,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
