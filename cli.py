@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -1429,7 +1428,7 @@ def mcp_server(index_dir: Path | None, device: str, dtype: str | None, trust_rem
 
     index = api.Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     server = create_server(index)
-    threading.Thread(target=server.load_model, daemon=True).start()  # answer the handshake at once
+    server.load_model()  # on the server's model thread: the handshake is answered at once
     anyio.run(serve_mcp, server)
 
 

@@ -10,7 +10,6 @@ not an indexed document.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
@@ -59,9 +58,9 @@ class IndexServer(MCPServer):
         self.on_model = ModelThread()
 
     def load_model(self) -> None:
-        """Load the index's model ahead of the first search; a failure is reported by that search."""
-        with contextlib.suppress(Exception):
-            self.on_model.run(lambda: self.index.strategy)
+        """Start loading the index's model ahead of the first search, which waits for it; a failure
+        is reported by that search (the queued load's own is dropped with its future)."""
+        self.on_model.submit(lambda: self.index.strategy)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         """The SDK's call, with bad arguments told in one short line as the HTTP API tells them

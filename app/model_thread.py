@@ -15,6 +15,7 @@ forward pass).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import queue
 import threading
@@ -35,8 +36,7 @@ class ModelThread:
 
     def submit(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         """Queue ``work(*args, **kwargs)`` to run on this thread once the calls before it are done;
-        the future holds its value or its exception (async code awaits it with
-        :func:`asyncio.wrap_future`, its event loop running on meanwhile)."""
+        the future holds its value or its exception."""
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.calls.put((done, work, args, kwargs))
         return done
@@ -44,6 +44,10 @@ class ModelThread:
     def run(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``work(*args, **kwargs)`` on this thread: its value, or its exception raised here."""
         return self.submit(work, *args, **kwargs).result()
+
+    async def arun(self, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """:meth:`run` for async code: the event loop runs on while the work waits and runs."""
+        return await asyncio.wrap_future(self.submit(work, *args, **kwargs))
 
     def _serve(self) -> None:
         while True:

@@ -207,18 +207,12 @@ def test_a_stopping_daemon_answers_before_it_ends(tmp_path, monkeypatch):
     assert not (tmp_path / "d.sock").exists()
 
 
-def test_every_request_uses_the_model_on_one_thread(tmp_path, corpora, monkeypatch):
+def test_every_request_uses_the_model_on_one_thread(tmp_path, corpora, index_threads):
     """Requests arrive on threads of their own; the model's work (open, search, warm-up, errors
     included) runs on the daemon's one model thread, whose answers they get."""
     index = tmp_path / "index"
     shutil.copytree(corpora["notes"], index)
-    used, searched = set(), Index.search
-
-    def search(self, *args, **kwargs):
-        used.add(threading.get_ident())
-        return searched(self, *args, **kwargs)
-
-    monkeypatch.setattr(Index, "search", search)
+    used = index_threads("search")
     daemon = Daemon(tmp_path / "d.sock", idle=60)
     request = {"op": "search", "query": "tides", "index": str(index), "options": {"k": 2}}
     answers, callers = [], set()
@@ -231,7 +225,8 @@ def test_every_request_uses_the_model_on_one_thread(tmp_path, corpora, monkeypat
         caller = threading.Thread(target=ask)
         caller.start()
         caller.join()
-    assert len(used) == 1 and used.isdisjoint(callers) and threading.get_ident() not in used
+    assert len(used["search"]) == 1 and used["search"].isdisjoint(callers)
+    assert threading.get_ident() not in used["search"]
     assert len(answers) == 3 and answers[0] == answers[2] and len(answers[0]["hits"]) == 2
     gone = daemon.answer({**request, "index": str(tmp_path / "none")})
     assert gone["error"].startswith("no index at")  # raised on the model thread, answered here

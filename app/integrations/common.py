@@ -4,7 +4,6 @@ see :mod:`ragidx.app.model_thread`), and a hit's fields as a framework's metadat
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,11 +48,11 @@ class Guarded:
 
     async def asearch(self, query: str, options: SearchOptions) -> list[Hit]:
         """:meth:`search` for a framework's async calls: the event loop runs on meanwhile."""
-        return await asyncio.wrap_future(self.on_model.submit(self.index().search, query, options))
+        return await self.on_model.arun(self.index().search, query, options)
 
     async def aembed(self, texts: Sequence[str], role: Role) -> np.ndarray:
         """:meth:`embed` for a framework's async calls: the event loop runs on meanwhile."""
-        return await asyncio.wrap_future(self.on_model.submit(self.source.embed, list(texts), role))
+        return await self.on_model.arun(self.source.embed, list(texts), role)
 
     def index(self) -> Index:
         """The index searched; a model given without one cannot search."""
