@@ -4,13 +4,13 @@ each LangChain or LlamaIndex adapter's (frameworks call from pools of threads).
 torch's OpenMP keeps a pool of workers for each thread that runs an operator. Once a process
 has more of them than cores (a model loaded on one thread and used on others, or a request per
 thread), they stop spinning between operators and sleep, and every operator pays to wake them.
-Gemma 3 on 2 cores held to AVX2 (``tests/benchmarks/thread_pools.py``): the daemon's hybrid search
-took 43-44 ms on each request's thread, 35-37 ms on one model thread; one text's embedding through
-the HTTP API 47-49 ms loaded on the main thread and run on the request's, 37-42 ms on one model
-thread; LangChain's ``ainvoke`` 42-53 ms searched on LangChain's threads, 34-41 ms on one model
-thread. So a server loads, runs and closes its models on one :class:`ModelThread`, in turn, which
-also keeps two forwards from interleaving (a strategy re-routes the model's attention for a
-forward pass).
+Gemma 3 on 2 cores of an AMD EPYC with avx512_bf16 held to AVX2 (commits 45814bd to 561ddf8,
+``tests/benchmarks/thread_pools.py``): the daemon's hybrid search took 43-44 ms on each request's
+thread, 35-37 ms on one model thread; one text's embedding through the HTTP API 47-49 ms loaded
+on the main thread and run on the request's, 37-42 ms on one model thread; LangChain's
+``ainvoke`` 42-53 ms searched on LangChain's threads, 34-41 ms on one model thread. So a server
+loads, runs and closes its models on one :class:`ModelThread`, in turn, which also keeps two
+forwards from interleaving (a strategy re-routes the model's attention for a forward pass).
 """
 
 from __future__ import annotations
