@@ -154,11 +154,12 @@ def test_no_client_can_stop_or_hold_up_the_daemon(daemon_env, corpora, tmp_path)
     expected = ragidx(*query, env=daemon_env).stdout
     (path,) = sockets(daemon_env)
     pid = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)["pid"]
-    # each goes away while the daemon embeds its texts; the query below waits for that work (one
-    # model request at a time), and reaches the daemon at once through the command server
+    # each goes away while the daemon embeds its texts; the next query waits for that work (one
+    # model request at a time), and is answered all the same
     texts = ["a sentence about the tides and the moon"] * 32
     for _ in range(3):
         _request(path, {"op": "embed", "index": str(index), "texts": texts}).close()
+    assert ragidx(*query, env=daemon_env).stdout == expected
     stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stalled.connect(str(path))
     stalled.sendall(b'{"op": "search", "ind')  # half a request, then nothing
