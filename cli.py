@@ -17,7 +17,7 @@ import click
 
 import ragidx.app as api
 from ragidx import __version__
-from ragidx.app import RagidxError, catalog, daemon_client
+from ragidx.app import RagidxError, catalog, daemon_address, daemon_client
 from ragidx.app.catalog import (
     DEFAULT_CONTEXT_TOKENS,
     DEFAULT_MODEL,
@@ -547,11 +547,11 @@ class IndexRequest:
     def _through_daemon(
         self, request: dict[str, Any], on_event: Callable[[dict[str, Any]], None] | None
     ) -> dict[str, Any] | None:
-        if not daemon_client.wanted(self.no_daemon):
+        if not daemon_address.wanted(self.no_daemon):
             return None
         try:
             answer = daemon_client.ask(request, on_event=on_event)
-        except (daemon_client.DaemonUnavailable, OSError, ValueError):
+        except (daemon_address.DaemonUnavailable, OSError, ValueError):
             return None
         if "error" in answer:
             raise RagidxError(answer["error"])
@@ -912,12 +912,14 @@ def daemon_run(socket_path: Path | None, idle: float | None) -> None:
     """Run the daemon in this process (the CLI starts it in the background by itself)."""
     from ragidx.app.command_server import CommandServer
 
-    path = socket_path or daemon_client.socket_path()
+    path = socket_path or Path(daemon_address.socket_path())
     idle = idle or daemon_client.idle_seconds()
     # forked first, while this process has one thread and no model stack (see command_server);
     # without it, the daemon still answers: the script runs each command's CLI itself
     try:
-        commands: CommandServer | None = CommandServer.start(daemon_client.command_socket_path(path), main)
+        commands: CommandServer | None = CommandServer.start(
+            Path(daemon_address.command_socket_path(str(path))), main
+        )
     except OSError:
         commands = None
     from ragidx.app.daemon import Daemon
@@ -933,7 +935,7 @@ def daemon_status(as_json: bool) -> None:
         found = daemon_client.ask({"op": "status"}, start=False)
     except daemon_client.NoDaemonRunning as error:
         found, why = {}, str(error)
-    except daemon_client.DaemonUnavailable as error:  # the socket folder refused, say
+    except daemon_address.DaemonUnavailable as error:  # the socket folder refused, say
         found, why = {}, f"no daemon can be used: {error}"
     if as_json:
         _print_json({"running": bool(found), **found, **({} if found else {"reason": why})})
@@ -956,7 +958,7 @@ def daemon_stop() -> None:
     """Stop this user's daemon (the next query starts a new one)."""
     try:
         stopped = daemon_client.ask({"op": "stop"}, start=False)
-    except daemon_client.DaemonUnavailable as error:
+    except daemon_address.DaemonUnavailable as error:
         click.echo(str(error))
         return
     click.echo(f"stopped daemon {stopped['pid']}")
@@ -1528,7 +1530,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except click.exceptions.Abort:
         click.echo("error: aborted", err=True)
-        sys.exit(daemon_client.INTERRUPTED)
+        sys.exit(daemon_address.INTERRUPTED)
     except (OutputClosed, BrokenPipeError):
         _quiet_stdout()  # the reader (`| head`) has what it wanted: not an error
         sys.exit(0)

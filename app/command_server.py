@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ragidx.app import daemon_client
+from ragidx.app import daemon_address, daemon_client
 
 REQUEST_SECONDS = 5.0  # for a client to send its whole command once connected
 STOP_SECONDS = 2.0  # a stopping daemon waits this long for the server to withdraw its socket
@@ -167,7 +167,7 @@ def _status_of(main: Main, argv: list[str]) -> int:
         print(code, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return daemon_client.INTERRUPTED
+        return daemon_address.INTERRUPTED
     return 0
 
 

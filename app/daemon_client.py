@@ -6,122 +6,37 @@ indexes and their models loaded; the CLI sends it one JSON request over a Unix s
 the answer. This module is what the CLI needs for that, and it imports nothing heavy: the socket
 path, starting a daemon when none answers, one request and its reply.
 
-The socket lives in a folder only the user can enter (``$XDG_RUNTIME_DIR/ragidx``, else
-``/tmp/ragidx-<uid>``, mode 0700, owned by the user; the socket itself 0600), and its name
-carries a fingerprint of the Python, the ragidx code and the environment variables that change
-what a model computes, so a daemon started under other settings is never asked.
+Where the socket lives is :mod:`ragidx.app.daemon_address`'s (the console script reads it on
+every query); the socket itself is 0600.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import socket
-import stat
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import ragidx
+from ragidx.app import daemon_address
+from ragidx.app.daemon_address import IDLE_VARIABLE, SILENCE_VARIABLE, DaemonUnavailable
 from ragidx.indexer.errors import RagidxError
 
-DISABLE_VARIABLE = "RAGIDX_NO_DAEMON"  # set (to anything but 0) to never use a daemon
-IDLE_VARIABLE = "RAGIDX_DAEMON_IDLE"  # seconds a daemon waits for work before it exits
-SILENCE_VARIABLE = "RAGIDX_DAEMON_SILENCE"  # seconds a client waits on a daemon that sends nothing
 DEFAULT_IDLE_SECONDS = 600
-INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (the shell's for SIGINT)
-MAX_FOLDER_BYTES = 80  # leaves room for the socket's own name within AF_UNIX's 107 bytes
 START_SECONDS = 60.0  # for a new daemon to listen (it binds before importing the model stack)
 # A daemon silent this long (no answer, not even the pulse it sends while it works) is given up
 # on, and the command answers in its own process: a daemon that hangs costs a query this much.
 SILENCE_SECONDS = 15.0
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
-FINGERPRINTED_PREFIXES = ("RAGIDX_", "HF_", "TRANSFORMERS_", "OMP_", "MKL_", "CUDA_", "TORCH_", "PYTORCH_")
-UNFINGERPRINTED = {
-    DISABLE_VARIABLE,
-    IDLE_VARIABLE,
-    SILENCE_VARIABLE,
-    "RAGIDX_INDEX",
-    "RAGIDX_MODEL",
-    "RAGIDX_DEBUG",
-}
-
-
-class DaemonUnavailable(Exception):
-    """No daemon can be used here (the socket folder is not private, or one would not start)."""
 
 
 class NoDaemonRunning(DaemonUnavailable):
     """None listens (and none was to be started)."""
-
-
-def wanted(no_daemon: bool) -> bool:
-    """Whether a command should use the daemon: not when told otherwise by flag or environment."""
-    return not no_daemon and os.environ.get(DISABLE_VARIABLE, "0") in ("", "0")
-
-
-def runtime_folder() -> Path:
-    """The user's private folder for daemon sockets, made (0700) if missing; refused when another
-    user owns it or others may enter it. ``/tmp/ragidx-<uid>`` where ``$XDG_RUNTIME_DIR`` is unset
-    or too deep for a socket's name (at most 107 bytes on Linux)."""
-    base = os.environ.get("XDG_RUNTIME_DIR", "")
-    # A relative one is ignored, as the XDG specification says (it would follow the working folder).
-    folder = Path(base) / "ragidx" if os.path.isabs(base) else Path(f"/tmp/ragidx-{os.getuid()}")
-    if len(os.fsencode(folder)) > MAX_FOLDER_BYTES:
-        folder = Path(f"/tmp/ragidx-{os.getuid()}")
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    found = folder.lstat()
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
-        raise DaemonUnavailable(f"{folder} is not a private folder of this user")
-    return folder
-
-
-def fingerprint() -> str:
-    """What a daemon's answers depend on besides the request: this Python, the ragidx code (the
-    newest modification time of its files) and the environment that changes a model's output."""
-    package = Path(ragidx.__file__).parent
-    newest = max(
-        (
-            entry.stat().st_mtime_ns
-            for folder in (package, package / "app", package / "indexer")
-            for entry in _py(folder)
-        ),
-        default=0,
-    )
-    settings = sorted(
-        (key, value)
-        for key, value in os.environ.items()
-        if key.startswith(FINGERPRINTED_PREFIXES) and key not in UNFINGERPRINTED
-    )
-    seen = json.dumps([ragidx.__version__, sys.executable, newest, settings])
-    return hashlib.sha256(seen.encode()).hexdigest()[:16]
-
-
-def _py(folder: Path) -> list[os.DirEntry[str]]:
-    """The Python files under ``folder`` (recursively), as directory entries."""
-    found: list[os.DirEntry[str]] = []
-    with contextlib.suppress(OSError), os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.is_dir() and not entry.name.startswith((".", "__")):
-                found += _py(Path(entry.path))
-            elif entry.name.endswith(".py"):
-                found.append(entry)
-    return found
-
-
-def socket_path() -> Path:
-    return runtime_folder() / f"d-{fingerprint()}.sock"
-
-
-def command_socket_path(daemon_socket: Path) -> Path:
-    """Where the command server beside the daemon at ``daemon_socket`` listens
-    (see :mod:`ragidx.app.command_server`)."""
-    return daemon_socket.with_suffix(".cmd")
 
 
 def idle_seconds() -> float:
@@ -163,7 +78,7 @@ def ask(
     if start:
         idle_seconds()  # a setting the daemon would die of is refused here, in one line
     silence = silence_seconds()
-    path = socket_path()
+    path = Path(daemon_address.socket_path())
     connection = _connect(path, silence)
     if connection is None:
         if not start:

@@ -3,8 +3,9 @@ daemon (:mod:`ragidx.app.command_server`) without importing the CLI; anything el
 server answers, runs the CLI (:func:`ragidx.cli.main`) in this process.
 
 This module imports only what it takes to hand a command over (a socket, JSON and the daemon's
-socket path): with them Python starts in about a third of the time it takes to import click and
-the CLI, which a query through the daemon used to pay on every call.
+socket path, :mod:`ragidx.app.daemon_address`): with them Python starts in about a third of the
+time it takes to import click and the CLI, which a query through the daemon used to pay on every
+call. ``tests/test_command_server.py`` holds it to that.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import socket
 import sys
 
-from ragidx.app import daemon_client
+from ragidx.app import daemon_address
 
 FORWARDED = ("query", "ask")  # the commands a daemon answers: the server's children ask it
 
@@ -36,7 +37,7 @@ def forwardable(argv: list[str]) -> bool:
         bool(argv)
         and argv[0] in FORWARDED
         and "--no-daemon" not in argv
-        and daemon_client.wanted(no_daemon=False)
+        and daemon_address.wanted(no_daemon=False)
     )
 
 
@@ -45,20 +46,20 @@ def forwarded(argv: list[str]) -> int | None:
     command server and return the command's exit status; None where no server took it (none
     runs, or it could not receive the command), so it runs here."""
     try:
-        path = daemon_client.command_socket_path(daemon_client.socket_path())
+        path = daemon_address.command_socket_path(daemon_address.socket_path())
         request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}
-    except (daemon_client.DaemonUnavailable, OSError):
+    except (daemon_address.DaemonUnavailable, OSError):
         return None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         try:
-            connection.connect(str(path))
+            connection.connect(path)
             socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
         except OSError:  # no server, or a standard stream closed
             return None
         try:
             reply = b"".join(iter(lambda: connection.recv(1 << 12), b""))
         except KeyboardInterrupt:  # leaving closes the connection, which interrupts the command
-            return daemon_client.INTERRUPTED
+            return daemon_address.INTERRUPTED
         except OSError:
             reply = b""
     try:

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from typing import Any
+
+TYPE_CHECKING = False  # typing's, without importing it (see ragidx.app)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 
 def lazy_names(module: str, homes: Mapping[str, str]) -> Callable[[str], Any]:

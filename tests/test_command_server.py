@@ -15,7 +15,7 @@ from pathlib import Path
 from test_cli import RAGIDX, assert_one_line_error, ragidx
 from test_daemon import _alive, daemon_env, small_index
 
-from ragidx.app import daemon_client, launcher
+from ragidx.app import daemon_address, launcher
 
 daemon_env, small_index = daemon_env, small_index  # the fixtures, used below
 
@@ -127,7 +127,7 @@ def test_ctrl_c_on_the_script_interrupts_the_command_in_the_server(daemon_env, s
         time.sleep(0.5)  # past the hand-over, into the wait
         client.send_signal(signal.SIGINT)
         _, stderr = client.communicate(timeout=30)  # the child holds the streams until it ends
-        assert client.returncode == daemon_client.INTERRUPTED and "aborted" in stderr
+        assert client.returncode == daemon_address.INTERRUPTED and "aborted" in stderr
         while children(server) and time.monotonic() < deadline:  # reaped by the server
             time.sleep(0.05)
         assert not _alive(int(command[0])) and children(server) == []

@@ -21,7 +21,7 @@ import pytest
 from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 from test_daemon import _alive, daemon_env, sockets
 
-from ragidx.app import Index, RagidxError, daemon_client
+from ragidx.app import Index, RagidxError, daemon_address, daemon_client
 from ragidx.app.daemon import REQUEST_SECONDS, Client, Daemon
 
 daemon_env = daemon_env  # the fixture, used by the tests below
@@ -277,7 +277,7 @@ def test_a_daemon_that_cannot_start_costs_a_query_nothing(daemon_env, corpora, t
     monkeypatch.setenv("RAGIDX_NO_DAEMON", "0")
     monkeypatch.setattr(sys, "executable", shutil.which("false"))  # a daemon that exits at once
     started = time.monotonic()
-    with pytest.raises(daemon_client.DaemonUnavailable, match=r"the daemon exited at start \(see .*\.log\)"):
+    with pytest.raises(daemon_address.DaemonUnavailable, match=r"the daemon exited at start \(see .*\.log\)"):
         daemon_client.ask({"op": "status"})
     assert time.monotonic() - started < 5
 
@@ -294,7 +294,7 @@ def test_daemon_status_says_why_none_can_be_used(daemon_env):
 def test_a_relative_runtime_folder_is_ignored(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_RUNTIME_DIR", "relative")
-    assert daemon_client.runtime_folder() == Path(f"/tmp/ragidx-{os.getuid()}")
+    assert daemon_address.runtime_folder() == f"/tmp/ragidx-{os.getuid()}"
     assert not (tmp_path / "relative").exists()
 
 

@@ -4,13 +4,16 @@ before, and the cheaper way to the same stop words."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from test_daemon import daemon_env, small_index
 
+import ragidx
 from ragidx.app import Index, RagidxError
 
 daemon_env, small_index = daemon_env, small_index  # the fixtures, used below
@@ -30,16 +33,21 @@ NOT_FOR_A_QUERY = (
     "ragidx.indexer.model.sources",
     "subprocess",  # only to start a daemon, which this one need not
 )
+# Prints, as a process ends, the modules it loaded.
+REPORT = "import atexit, json, sys; atexit.register(lambda: print(json.dumps([*sys.modules])))"
+# What the console script may load to hand a query to the command server, besides ragidx's own
+# modules: what pip's script template imports (re, sys); a socket, JSON and a checksum; importlib
+# for ragidx.app's lazy names (0.3 ms), and __future__ for annotations.
+HAND_OVER = "import re, sys, json, socket, zlib, importlib, __future__"
 
 
 def test_a_query_through_the_daemon_loads_nothing_it_does_not_use(daemon_env, small_index):
     """The client's imports are the daemon path's whole cost on its side (``python -X importtime``
     shows them): the CLI, the socket and the printing of hits, nothing heavier."""
     query = ["query", "refunds", "--index", str(small_index), "-k", "2"]
-    report = "import atexit, json, sys; atexit.register(lambda: print(json.dumps([*sys.modules])))"
     # the same interpreter path both times: it is part of the daemon's fingerprint, and the
     # `ragidx` script's (its shebang's python3) would start a second daemon for `python`
-    run = [sys.executable, "-c", f"{report}; from ragidx.cli import main; main()", *query]
+    run = [sys.executable, "-c", f"{REPORT}; from ragidx.cli import main; main()", *query]
     first = subprocess.run(run, env=daemon_env, capture_output=True, text=True, timeout=120)
     found = subprocess.run(run, env=daemon_env, capture_output=True, text=True, timeout=120)
     *expected, started_with = first.stdout.splitlines(keepends=True)
@@ -48,6 +56,29 @@ def test_a_query_through_the_daemon_loads_nothing_it_does_not_use(daemon_env, sm
     assert "subprocess" in json.loads(started_with)  # it did start one: the second found it running
     loaded = set(json.loads(modules))
     assert loaded.isdisjoint(NOT_FOR_A_QUERY), sorted(loaded & set(NOT_FOR_A_QUERY))
+
+
+def test_the_console_script_loads_only_what_handing_over_a_query_takes(tmp_path):
+    """Without ``site`` (``python -S``), whose ``.pth`` files import typing and pathlib themselves
+    in an editable install: the script's whole start-up beyond Python's own is then its imports."""
+    (tmp_path / "ragidx").symlink_to(Path(ragidx.__file__).parent)  # ragidx on a path, no .pth
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "RAGIDX_NO_DAEMON": "0"}
+
+    def loaded(code: str) -> set[str]:
+        found = f"import sys; sys.path.insert(0, {str(tmp_path)!r})"
+        run = [sys.executable, "-S", "-c", f"{REPORT}; {found}; {code}"]
+        ran = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+        return set(json.loads(ran.stdout))
+
+    needed = loaded(HAND_OVER)
+    # no command server listens: the script tries the hand-over (the socket path, the request)
+    # and would run the CLI itself, which it is not let do here
+    script = loaded(
+        "import re; from ragidx.app import launcher; assert launcher.forwarded(['query', 'x']) is None"
+    )
+    own = {name for name in script if name.partition(".")[0] == "ragidx"}
+    assert "ragidx.app.daemon_address" in own and not own & {"ragidx.cli", "ragidx.app.daemon_client"}
+    assert script - own - needed == set()
 
 
 def test_stop_words_come_without_importing_spacy():
