@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from ragidx.app.catalog import (
     flagged,
     parse_meta,
 )
+from ragidx.app.index_request import IndexRequest
 from ragidx.indexer.wording import counted, page_label, printable_text, shown
 
 if TYPE_CHECKING:
@@ -507,57 +508,6 @@ _no_daemon_option = click.option(
 )
 
 
-@dataclass(frozen=True)
-class IndexRequest:
-    """A request on an index: answered by the daemon where one can be had (started if none runs),
-    else in this process, with the same result."""
-
-    directory: str
-    device: str
-    dtype: str | None
-    model: str | None
-    strategy: str | None
-    no_daemon: bool
-
-    def answer(
-        self,
-        request: dict[str, Any],
-        local: Callable[[Any], dict[str, Any]],
-        on_event: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, Any]:
-        """The daemon's answer to ``request`` (``on_event`` gets what a streamed one sends on the
-        way), or ``local(index)`` on the index opened here."""
-        answer = self._through_daemon(
-            {
-                **request,
-                "index": self.directory,
-                "device": self.device,
-                "dtype": self.dtype,
-                "model": self.model,
-                "strategy": self.strategy,
-            },
-            on_event,
-        )
-        if answer is not None:
-            return answer
-        with api.Index.open(self.directory, device=self.device, dtype=self.dtype) as index:
-            index.check_compatible(self.model, self.strategy)
-            return local(index)
-
-    def _through_daemon(
-        self, request: dict[str, Any], on_event: Callable[[dict[str, Any]], None] | None
-    ) -> dict[str, Any] | None:
-        if not daemon_address.wanted(self.no_daemon):
-            return None
-        try:
-            answer = daemon_client.ask(request, on_event=on_event)
-        except (daemon_address.DaemonUnavailable, OSError, ValueError):
-            return None
-        if "error" in answer:
-            raise RagidxError(answer["error"])
-        return answer
-
-
 @cli.command()
 @click.argument("text")
 @_search_options
@@ -611,7 +561,11 @@ def query(
     if as_context:
         if as_jsonl:
             raise RagidxError("--context prints one context: use --json, not --jsonl")
-        wanted = {"max_tokens": max_tokens, "tokenizer": tokenizer, "relative_to": os.getcwd()}
+        wanted: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "tokenizer": tokenizer,
+            "relative_to": os.getcwd(),
+        }
         found = opened.answer(
             {"op": "context", "query": text, "options": given, "context": wanted},
             lambda index: {"context": index.context(text, **given, **wanted).to_dict()},
@@ -689,7 +643,7 @@ def ask(
     """
     given = _given_search_options(options)
     directory = os.path.abspath(index_dir or api.default_index_dir())
-    settings = {
+    settings: dict[str, Any] = {
         "llm": llm,
         "llm_url": llm_url,
         "max_new_tokens": max_new_tokens,

