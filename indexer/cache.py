@@ -3,8 +3,11 @@ the small JSON files of facts it measured once (precision verdicts, GGUF hashes 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +38,20 @@ def write_json_cache(path: Path, data: dict[str, Any]) -> None:
         partial.replace(path)
     except OSError:
         pass
+
+
+@contextlib.contextmanager
+def cache_lock(path: Path) -> Iterator[None]:
+    """Hold ``<path>.lock`` while a fact for the cache at ``path`` is found: processes that would
+    measure it at once take turns, and the later ones read the first's (a timing taken while
+    another process times the same thing is wrong for both). Where the cache cannot be written,
+    no lock: measuring twice is no error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(f"{path.name}.lock"), "w")  # noqa: SIM115 - closed below
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -313,24 +313,13 @@ def test_conversion_survives_a_full_disk_a_kill_and_a_concurrent_twin(tmp_path):
 
     model = tmp_path / "tiny.gguf"
     write_random_gguf(model, "tiny", GGMLQuantizationType.Q8_0)
-    # float32 on one thread each: the twins, running at once, would each time `--dtype auto`'s
-    # probe while the other runs (their vectors once came 1e-3 apart here, as bf16's and float32's
-    # do), and a one-text forward takes the cores the other leaves (threads.py), which splits a
-    # float32 sum differently (9e-8 apart, seen in CI)
+    # one thread each: a one-text forward takes the cores another process leaves (threads.py), and
+    # the twins, run at once, split a float32 sum differently (9e-8 apart, seen in CI); their
+    # `--dtype auto` is one probe's verdict (precision.py), where it was once bf16 for one, float32
+    # for the other
     env = {**child_env(), "RAGIDX_CACHE_DIR": str(tmp_path / "cache"), "RAGIDX_QUERY_THREADS": "1"}
     converted = tmp_path / "cache" / "models"
-    embed = [
-        RAGIDX,
-        "embed",
-        "--model",
-        str(model),
-        "--strategy",
-        "mean",
-        "--dtype",
-        "float32",
-        "--json",
-        "a lighthouse",
-    ]
+    embed = [RAGIDX, "embed", "--model", str(model), "--strategy", "mean", "--json", "a lighthouse"]
 
     full = subprocess.run(prepared(small_disk, embed), capture_output=True, text=True, env=env, timeout=600)
     assert full.stderr.startswith("converting tiny.gguf once into ")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -134,6 +136,28 @@ def test_auto_on_cpu_takes_the_dtype_measured_faster_and_measures_once_per_shape
     tiny = SimpleNamespace(hidden_size=64, intermediate_size=128)
     assert resolve_dtype("auto", "cpu", tiny) == "float32"  # too small to time: never probed
     assert probes.calls == [(576, 1536)]
+
+
+def test_processes_starting_at_once_measure_one_at_a_time_and_agree(probes, monkeypatch):
+    """Two threads stand in for two processes (``flock`` excludes two open files alike): the second
+    waits for the first's probe and takes its verdict rather than timing the machine it loads."""
+    first_probe = probes.module.probe_precision
+
+    def slow(*shape):
+        found = first_probe(*shape)
+        probes.measured.update(bfloat16=10.0)  # what a probe timed during another's would see
+        time.sleep(0.3)
+        return found
+
+    monkeypatch.setattr(probes.module, "probe_precision", slow)
+    chosen: list[str] = []
+    choose = lambda: chosen.append(resolve_dtype("auto", "cpu", SHAPE))  # noqa: E731
+    twins = [threading.Thread(target=choose) for _ in "ab"]
+    for twin in twins:
+        twin.start()
+    for twin in twins:
+        twin.join()
+    assert chosen == ["bfloat16", "bfloat16"] and probes.calls == [(576, 1536)]
 
 
 def test_auto_on_cpu_needs_a_clear_bfloat16_win(probes):

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ragidx.indexer.cache import cache_dir, read_json_cache, write_json_cache
+from ragidx.indexer.cache import cache_dir, cache_lock, read_json_cache, write_json_cache
 from ragidx.indexer.model.int8_weights import hold_int8
 from ragidx.indexer.model.packed_linear import can_pack_linear_weights, pack_linear_weights
 
@@ -156,20 +156,31 @@ def probe_precision(hidden: int, intermediate: int, candidate: str) -> Precision
 
 def measured_precision(hidden: int, intermediate: int) -> PrecisionProbe | None:
     """This CPU's probe for a model of this shape, measured once and cached; None for a model too
-    small to time (:data:`MIN_PROBED_HIDDEN`), which runs float32, unpacked."""
+    small to time (:data:`MIN_PROBED_HIDDEN`), which runs float32, unpacked. Processes that start
+    at once measure one at a time: timed against each other, two once chose bf16 and float32."""
     if hidden < MIN_PROBED_HIDDEN:
         return None
     candidate = cpu_candidate()
     path = cache_dir() / CACHE_FILE
     key = _machine_key(hidden, intermediate, candidate)
-    cached = read_json_cache(path)
-    try:
-        return PrecisionProbe(**cached[key])
-    except (KeyError, TypeError):
-        pass  # not measured yet for this machine and shape (or an entry from another version)
-    probe = probe_precision(hidden, intermediate, candidate)
-    write_json_cache(path, {**cached, key: asdict(probe)})
+    found = _cached_probe(path, key)
+    if found is not None:
+        return found
+    with cache_lock(path):
+        found = _cached_probe(path, key)  # measured by a process that held the lock first
+        if found is not None:
+            return found
+        probe = probe_precision(hidden, intermediate, candidate)
+        write_json_cache(path, {**read_json_cache(path), key: asdict(probe)})
     return probe
+
+
+def _cached_probe(path: Path, key: str) -> PrecisionProbe | None:
+    """The probe cached under ``key``; None where there is none (or one from another version)."""
+    try:
+        return PrecisionProbe(**read_json_cache(path)[key])
+    except (KeyError, TypeError):
+        return None
 
 
 def cpu_auto_dtype(hidden: int, intermediate: int) -> str:
