@@ -561,15 +561,9 @@ def query(
     if as_context:
         if as_jsonl:
             raise RagidxError("--context prints one context: use --json, not --jsonl")
-        wanted: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "tokenizer": tokenizer,
-            "relative_to": os.getcwd(),
-        }
-        found = opened.answer(
-            {"op": "context", "query": text, "options": given, "context": wanted},
-            lambda index: {"context": index.context(text, **given, **wanted).to_dict()},
-        )["context"]
+        found = opened.context(
+            text, given, max_tokens=max_tokens, tokenizer=tokenizer, relative_to=os.getcwd()
+        )
         if as_json:
             _print_json(found)
         elif not found["passages"]:

@@ -56,6 +56,16 @@ class IndexRequest:
             index.check_compatible(self.model, self.strategy)
             return local(index)
 
+    def context(self, query: str, options: dict[str, Any], **wanted: Any) -> dict[str, Any]:
+        """``Index.context(query, **options, **wanted)`` as a dict: the passages for a prompt
+        (``ragidx query --context``, the ``llm`` plugin)."""
+        request = {"op": "context", "query": query, "options": options, "context": wanted}
+
+        def local(index: Index) -> dict[str, Any]:
+            return {"context": index.context(query, **options, **wanted).to_dict()}
+
+        return dict(self.answer(request, local)["context"])
+
     def _through_daemon(
         self, request: dict[str, Any], on_event: Callable[[dict[str, Any]], None] | None
     ) -> dict[str, Any] | None:

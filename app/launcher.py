@@ -5,7 +5,7 @@ server answers, runs the CLI (:func:`ragidx.cli.main`) in this process.
 This module imports only what it takes to hand a command over (a socket, JSON and the daemon's
 socket path, :mod:`ragidx.app.daemon_address`): with them Python starts in about a third of the
 time it takes to import click and the CLI, which a query through the daemon used to pay on every
-call. ``tests/test_command_server.py`` holds it to that.
+call. ``tests/test_startup.py`` holds it to that.
 """
 
 from __future__ import annotations

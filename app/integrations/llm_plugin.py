@@ -31,13 +31,8 @@ def context(
     ``./.ragidx``): numbered passages citing their sources, at most ``max_tokens`` tokens of the
     index's model's tokenizer."""
     directory = os.path.abspath(index or api.default_index_dir())
-    options: dict[str, Any] = {"k": k}
-    wanted: dict[str, Any] = {"max_tokens": max_tokens, "relative_to": os.getcwd()}
-    request = {"op": "context", "query": question, "options": options, "context": wanted}
-    found = IndexRequest(directory, "auto", None, None, None, no_daemon=False).answer(
-        request, lambda opened: {"context": opened.context(question, **options, **wanted).to_dict()}
-    )
-    return dict(found["context"])
+    opened = IndexRequest(directory, "auto", None, None, None, no_daemon=False)
+    return opened.context(question, {"k": k}, max_tokens=max_tokens, relative_to=os.getcwd())
 
 
 def question_fragment(question: str) -> llm.Fragment:
