@@ -143,6 +143,29 @@ def test_auto_gives_way_to_memory_and_a_refusal_names_what_fits(monkeypatch):
         memory.check_fits("m", 2_000, "float32", "cpu")
 
 
+def test_on_a_gpu_auto_keeps_room_for_a_batch_beside_the_weights(monkeypatch):
+    """An 8B model on a card with 14 GiB free: its bf16 weights (14.4 GB) fit but leave no room for
+    a batch (on an H100 the first one ran out of memory down to a single row, where cuBLAS failed),
+    so ``auto`` takes int8; with 16 GiB free, bf16 and its smaller batches."""
+    config = SimpleNamespace(hidden_size=4096, intermediate_size=14336)  # Llama 3.1 8B's widths
+    parameters = 7_180_000_000
+    # twice the activations of 2,048 tokens (four copies of hidden + MLP widths) and 512 MiB
+    assert memory.device_reserve("bfloat16", "cuda", config) == 2 * 2048 * 4 * 18432 * 2 + 2**29
+    assert memory.device_reserve("int8", "cuda", config) == 2 * 2048 * 4 * 18432 * 4 + 2**29
+    assert memory.device_reserve("bfloat16", "cpu", config) == 0
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 14 * 2**30)
+    assert memory.fitting_dtype(parameters, "bfloat16", "cuda", config) == "int8"
+    assert memory.fitting_dtype(parameters, "bfloat16", "cpu", config) == "bfloat16"
+    refusal = (
+        r"need 14\.4 GB in bfloat16 \(and 1\.1 GB for a batch\) and cuda has 15\.0 GB available; "
+        r"use --dtype int8 \(10\.7 GB\), a smaller"
+    )
+    with pytest.raises(RagidxError, match=refusal):
+        memory.check_fits("m", parameters, "bfloat16", "cuda", config)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 16 * 2**30)
+    assert memory.fitting_dtype(parameters, "bfloat16", "cuda", config) == "bfloat16"
+
+
 def test_the_memory_fallback_loads_int8_where_float32_would_not_fit(tiny_models, monkeypatch):
     folder = tiny_models["llama"]
     parameters = memory.folder_parameters(folder)

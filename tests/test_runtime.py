@@ -314,11 +314,17 @@ def test_the_fast_tokenizer_loader_gives_autotokenizers_ids(tiny_models):
     assert from_file(digits)["input_ids"] != qwen2(digits)["input_ids"]  # the file alone is not enough
 
 
-def test_a_gpu_batch_grows_with_free_memory_between_the_cpu_batch_and_the_cap():
-    """Half the free memory over the bytes a token's activations hold, in whole thousands of tokens."""
+def test_a_gpu_batch_grows_with_free_memory_between_a_floor_and_the_cap():
+    """Half the free memory over the bytes a token's activations hold, in whole thousands of tokens;
+    a card the weights nearly fill takes the floor, below a CPU's batch."""
     from types import SimpleNamespace
 
-    from ragidx.indexer.model.batch_size import GPU_MAX_TOKENS, activation_bytes_per_token, gpu_batch
+    from ragidx.indexer.model.batch_size import (
+        GPU_MAX_TOKENS,
+        BatchSettings,
+        activation_bytes_per_token,
+        gpu_batch,
+    )
 
     config = SimpleNamespace(hidden_size=4096, intermediate_size=14336)  # Llama 3.1 8B's widths
     per_token = activation_bytes_per_token(config, 2)
@@ -326,7 +332,8 @@ def test_a_gpu_batch_grows_with_free_memory_between_the_cpu_batch_and_the_cap():
     gib = 2**30
     middle = gpu_batch(8 * gib, per_token)  # 4 GiB for activations: 29,127 tokens
     assert (middle.max_tokens, middle.max_rows) == (28672, 1792)
-    assert gpu_batch(1 * gib, per_token).max_tokens == 16384  # never below a CPU's batch
+    assert gpu_batch(1 * gib, per_token).max_tokens == 3072  # 0.5 GiB: 3,640 tokens
+    assert gpu_batch(gib // 4, per_token) == BatchSettings(max_rows=128, max_tokens=2048)  # the floor
     assert gpu_batch(80 * gib, per_token).max_tokens == GPU_MAX_TOKENS
 
 

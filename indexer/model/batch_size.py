@@ -20,6 +20,7 @@ CPU_ROWS = 32
 CPU_TOKENS = 16384
 GPU_MEMORY_SHARE = 0.5  # of the free memory after loading: the rest for the allocator's caching
 GPU_MAX_TOKENS = 65536  # padded tokens a forward takes at most on a GPU
+GPU_MIN_TOKENS = 2048  # and at least: what memory's fit check keeps free on a GPU (memory.device_reserve)
 ROW_TOKENS = 16  # a GPU batch's rows: its tokens over this, so that short texts still fill it
 LIVE_WIDTHS = 4  # activations alive at once: residual, normed input, attention or MLP outputs
 
@@ -42,9 +43,12 @@ def activation_bytes_per_token(config: Any, element_bytes: int) -> int:
 
 def gpu_batch(free_bytes: int, per_token_bytes: int) -> BatchSettings:
     """The batch a GPU with ``free_bytes`` left after loading takes: what half of that holds, in
-    whole thousands of tokens, at least the CPU's and at most :data:`GPU_MAX_TOKENS`."""
+    whole thousands of tokens, at most :data:`GPU_MAX_TOKENS` and at least :data:`GPU_MIN_TOKENS`
+    (a card the weights nearly fill takes small batches rather than none: on an H100 left 0.6 GiB
+    by an 8B model's bf16 weights, a floor at the CPU's 16,384 tokens ran out of memory down to
+    one row, where cuBLAS failed)."""
     fits = int(free_bytes * GPU_MEMORY_SHARE) // per_token_bytes // 1024 * 1024
-    tokens = max(CPU_TOKENS, min(GPU_MAX_TOKENS, fits))
+    tokens = max(GPU_MIN_TOKENS, min(GPU_MAX_TOKENS, fits))
     return BatchSettings(max_rows=tokens // ROW_TOKENS, max_tokens=tokens)
 
 

@@ -12,16 +12,20 @@ import math
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from safetensors import safe_open
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.batch_size import GPU_MEMORY_SHARE, GPU_MIN_TOKENS, activation_bytes_per_token
 
 # What a run holds per weight. int8: a byte, an eighth for each group's float16 scale and offset,
 # and the embedding's share in 16 bits; that share is not known from a header, so all weights count
 # 1.25 bytes (measured: a random 8B GGUF peaked at 9.1 GB against 9.0 counted, a 1B at 1.9 / 1.3).
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.25}
 LEANEST = "int8"  # what a run can hold a model in at the least
+COMPUTE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 4}  # int8 weights compute in float32
+GPU_WORKSPACES = 512 * 2**20  # cuBLAS's and attention's workspaces, the caching allocator's rounding
 CACHE_BYTES_PER_WEIGHT = 2  # a converted GGUF's weights are 16-bit
 DISK_MARGIN = 1.05  # the converted copy: 16-bit weights, plus config, tokenizer and shard headers
 
@@ -58,39 +62,58 @@ def weight_bytes(parameters: int, dtype: str) -> int:
     return int(parameters * BYTES_PER_WEIGHT[dtype])
 
 
+def device_reserve(dtype: str, device: str, config: Any = None) -> int:
+    """What a run needs on ``device`` beside its weights. On a GPU, room for the smallest batch
+    (:data:`~ragidx.indexer.model.batch_size.GPU_MIN_TOKENS` in the share of free memory a batch
+    takes) and the workspaces: on an H100 with 14 GiB free, an 8B model's 13.4 GiB of bf16 weights
+    fitted and its first batch failed. On a CPU the OS's available memory already has slack."""
+    if device != "cuda" or config is None:
+        return 0
+    batch = GPU_MIN_TOKENS * activation_bytes_per_token(config, COMPUTE_BYTES[dtype])
+    return int(batch / GPU_MEMORY_SHARE) + GPU_WORKSPACES
+
+
+def needed_bytes(parameters: int, dtype: str, device: str, config: Any = None) -> int:
+    return weight_bytes(parameters, dtype) + device_reserve(dtype, device, config)
+
+
 def leaner_dtypes(dtype: str) -> list[str]:
     """The dtypes that hold less memory than ``dtype``, leanest last."""
     return [each for each in ("bfloat16", "int8") if BYTES_PER_WEIGHT[each] < BYTES_PER_WEIGHT[dtype]]
 
 
-def fitting_dtype(parameters: int, dtype: str, device: str) -> str:
-    """``dtype`` where the weights fit in it, else the first leaner one that fits (what ``--dtype
-    auto`` runs: the measured choice gives way to memory rather than refusing), else ``dtype``."""
+def fitting_dtype(parameters: int, dtype: str, device: str, config: Any = None) -> str:
+    """``dtype`` where the model runs in it (its weights and :func:`device_reserve`), else the first
+    leaner one that does (what ``--dtype auto`` runs: the measured choice gives way to memory
+    rather than refusing), else ``dtype``."""
     if not checking():
         return dtype
     available = available_bytes(device)
     for each in [dtype, *leaner_dtypes(dtype)]:
-        if weight_bytes(parameters, each) <= available:
+        if needed_bytes(parameters, each, device, config) <= available:
             return each
     return dtype
 
 
-def check_fits(model: str, parameters: int, dtype: str, device: str) -> None:
-    """Refuse ``model`` if its weights in ``dtype`` exceed the memory ``device`` has available,
-    naming the dtypes that would fit."""
+def check_fits(model: str, parameters: int, dtype: str, device: str, config: Any = None) -> None:
+    """Refuse ``model`` if its weights in ``dtype``, and on a GPU the reserve beside them, exceed
+    the memory ``device`` has available, naming the dtypes that would fit."""
     if not checking():
         return
-    needed = weight_bytes(parameters, dtype)
+    needed = needed_bytes(parameters, dtype, device, config)
     available = available_bytes(device)
     if needed <= available:
         return
-    fits = [each for each in leaner_dtypes(dtype) if weight_bytes(parameters, each) <= available]
-    leaner = "".join(f" --dtype {each} ({_gb(weight_bytes(parameters, each))})," for each in fits)
+    sizes = {each: needed_bytes(parameters, each, device, config) for each in leaner_dtypes(dtype)}
+    leaner = "".join(f" --dtype {each} ({_gb(size)})," for each, size in sizes.items() if size <= available)
     elsewhere = " --device cuda," if device != "cuda" else ""
+    reserve = device_reserve(dtype, device, config)
+    beside = f" (and {_gb(reserve)} for a batch)" if reserve else ""
     raise RagidxError(
-        f"model '{model}' does not fit: {parameters / 1e9:.2f}B weights need {_gb(needed)} in {dtype} "
-        f"and {device} has {_gb(available)} available; use{leaner}{elsewhere} a smaller model file, or "
-        "free memory (RAGIDX_MEMORY_CHECK=0 skips this check)"
+        f"model '{model}' does not fit: {parameters / 1e9:.2f}B weights need "
+        f"{_gb(weight_bytes(parameters, dtype))} in {dtype}{beside} and {device} has {_gb(available)} "
+        f"available; use{leaner}{elsewhere} a smaller model file, or free memory (RAGIDX_MEMORY_CHECK=0 "
+        "skips this check)"
     )
 
 

@@ -427,8 +427,8 @@ def load_runtime(
     parameters = folder_parameters(Path(location)) if Path(location).is_dir() else None
     if parameters is not None:
         if dtype == "auto":
-            run_dtype = fitting_dtype(parameters, run_dtype, device)
-        check_fits(model, parameters, run_dtype, device)
+            run_dtype = fitting_dtype(parameters, run_dtype, device, config)
+        check_fits(model, parameters, run_dtype, device, config)
     torch_dtype = torch.bfloat16 if run_dtype == "int8" else getattr(torch, run_dtype)
     try:
         tokenizer = load_tokenizer(location, trust_remote_code)

@@ -7,12 +7,15 @@ Usage:
   python tests/benchmarks/gpu.py random-model OUT_DIR --tokenizer-from FOLDER [--shape 8b|1b]
   python tests/benchmarks/gpu.py speed --model M --texts DIR [--strategies mean,aligned-wva]
       [--tokens 16384,65536,131072]
+  python tests/benchmarks/gpu.py fallback --model M --texts DIR [--free-gib 14,16] [--chunks 256]
 
 ``vectors`` embeds the sample corpus (two chunks a document) and eight questions with every strategy
 the model takes, in float32 on the CPU and in ``--dtype`` on ``--device``, and prints the cosines
 between them and where each question's document ranks. ``speed`` times each strategy's build
 at several batch sizes, then one-text readouts of a 16-word question eagerly and replayed from a
-trace. ``--device cpu`` runs any of them without a GPU (to try the script).
+trace. ``fallback`` fills the card until ``--free-gib`` is left, as another program or a smaller card
+would, loads ``--dtype auto`` (int8 where bf16 does not fit) and times it, then bf16 on the whole
+card for comparison. ``--device cpu`` runs any but ``fallback`` without a GPU (to try the script).
 """
 
 from __future__ import annotations
@@ -267,6 +270,70 @@ def speed(model: str, texts_dir: Path, strategies: list[str], budgets: list[int]
         query(runtime, name, 16)
 
 
+def timed_build(runtime, chunks: list[str], strategy_name: str) -> tuple[np.ndarray, float]:
+    """One strategy's vectors of ``chunks`` at the device's default batch, and its tokens/s."""
+    import torch
+
+    from ragidx.indexer.strategies import create_strategy
+
+    strategy = create_strategy(strategy_name, runtime)
+    strategy.encode(chunks[:8])
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    found = strategy.encode(chunks)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    tokens = sum(len(ids) for ids in runtime.tokenize(chunks))
+    print(
+        f"{runtime.precision}: {strategy_name} {tokens / seconds:,.0f} tokens/s ({len(chunks)} chunks, "
+        f"{seconds:.1f} s), batch rows<={strategy.batch.max_rows} tokens<={strategy.batch.max_tokens}, "
+        f"GPU peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+        flush=True,
+    )
+    return found, tokens / seconds
+
+
+def fallback(model: str, texts_dir: Path, free_gibs: list[float], count: int) -> None:
+    """``--dtype auto`` on a card with each of ``free_gibs`` free (the rest taken by a filler
+    tensor): what it chose, its speed and memory; then bf16 on the whole card, and each run's
+    vectors against it."""
+    import gc
+
+    import torch
+
+    from ragidx.app.research.bench import bench_texts
+    from ragidx.indexer.model.runtime import load_runtime
+
+    runs = []
+    for free_gib in free_gibs:
+        taken = int(torch.cuda.mem_get_info()[0] - free_gib * 2**30)
+        filler = torch.empty(taken, dtype=torch.uint8, device="cuda")
+        started = time.perf_counter()
+        runtime = load_runtime(model, "cuda", "auto")
+        held = (torch.cuda.memory_allocated() - taken) / 2**30
+        seconds = time.perf_counter() - started
+        print(
+            f"{free_gib:g} GiB free: auto chose {runtime.precision} in {seconds:.0f} s, holding {held:.1f}",
+            flush=True,
+        )
+        chunks = bench_texts(runtime, texts_dir, 256, count)
+        runs.append((free_gib, *timed_build(runtime, chunks, "mean")))
+        query(runtime, "mean", 16, repeats=10)
+        del runtime, filler
+        gc.collect()
+        torch.cuda.empty_cache()
+    runtime = load_runtime(model, "cuda", "bfloat16")
+    whole, whole_speed = timed_build(runtime, chunks, "mean")
+    for free_gib, found, speed in runs:
+        cosines = np.sum(found * whole, axis=1)
+        print(
+            f"{free_gib:g} GiB free against bf16 on the whole card: {speed / whole_speed:.2f}x the speed; "
+            f"cosine min {cosines.min():.4f}, mean {cosines.mean():.4f}",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     commands = parser.add_subparsers(dest="command", required=True)
@@ -285,6 +352,11 @@ def main() -> None:
     each.add_argument("--strategies", default="mean,aligned-wva")
     each.add_argument("--tokens", default="16384,65536,131072")
     each.add_argument("--device", default="cuda")
+    each = commands.add_parser("fallback")
+    each.add_argument("--model", required=True)
+    each.add_argument("--texts", type=Path, required=True)
+    each.add_argument("--free-gib", default="14", help="Comma-separated GiB to leave free, one run each.")
+    each.add_argument("--chunks", type=int, default=256)
     args = parser.parse_args()
     if args.command == "facts":
         print(json.dumps(facts()))
@@ -292,6 +364,8 @@ def main() -> None:
         vectors(args.model, args.device, args.dtype)
     elif args.command == "random-model":
         random_model(args.out, args.tokenizer_from, args.shape)
+    elif args.command == "fallback":
+        fallback(args.model, args.texts, [float(each) for each in args.free_gib.split(",")], args.chunks)
     else:
         budgets = [int(each) for each in args.tokens.split(",") if each]
         speed(args.model, args.texts, args.strategies.split(","), budgets, args.device)
