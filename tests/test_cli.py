@@ -300,6 +300,34 @@ def test_unreadable_files_are_skipped_and_reported(tiny_models, sample_corpus, t
     )
 
 
+def test_faiss_installed_twice_is_a_one_line_error_that_says_how_to_repair_it(built, tmp_path):
+    """faiss-cpu and faiss-gpu-cu12 in one environment (what ``pip install faiss-cpu
+    faiss-gpu-cu12`` makes) overwrite each other's files and ``import faiss`` raises inside SWIG's
+    wrappers; a search that needs vectors names both and how to keep one. The broken package here
+    raises what the real pair raised."""
+    site = tmp_path / "site"
+    (site / "faiss").mkdir(parents=True)
+    (site / "faiss" / "__init__.py").write_text(
+        "raise AttributeError(\"module 'faiss._swigfaiss' has no attribute 'delete_GpuResourcesVector'\")\n"
+    )
+    for name, version in (("faiss_cpu", "1.15.1"), ("faiss_gpu_cu12", "1.14.1.post1")):
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir()
+        metadata = f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
+        (info / "METADATA").write_text(metadata)
+    broken = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    index, _ = built
+    query = ["query", "tides", "--index", index, "--no-daemon", "--mode"]
+    result = ragidx(*query, "dense", check=False, env=broken)
+    assert_one_line_error(
+        result,
+        r"faiss cannot be imported: faiss-cpu 1\.15\.1 and faiss-gpu-cu12 1\.14\.1\.post1 are installed "
+        r"together .*delete_GpuResourcesVector.*; keep one: pip uninstall -y faiss-cpu faiss-gpu-cu12 && "
+        r"pip install faiss-cpu \(or faiss-gpu-cu12 on a CUDA host\)$",
+    )
+    assert "tides" in ragidx(*query, "lexical", env=broken).stdout  # keyword search needs no faiss
+
+
 def test_corrupt_database_is_a_one_line_error(built, tmp_path):
     index, _ = built
     broken = tmp_path / "broken"

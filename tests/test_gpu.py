@@ -21,7 +21,7 @@ def faiss_gpus() -> int:
 
 
 @pytest.mark.skipif(
-    faiss_gpus() < 1, reason="faiss without CUDA or no GPU (install ragidx[gpu] on a GPU host)"
+    faiss_gpus() < 1, reason="faiss without CUDA or no GPU (faiss-gpu-cu12 for faiss-cpu, docs/gpu.md)"
 )
 def test_exact_search_on_the_gpu_equals_the_cpu():
     rng = np.random.default_rng(0)

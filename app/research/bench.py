@@ -27,6 +27,7 @@ from ragidx.indexer.ingest.sources import scan
 from ragidx.indexer.model.packed_linear import can_pack_linear_weights
 from ragidx.indexer.model.precision import best_flops_per_second, linear_flops_per_second
 from ragidx.indexer.model.runtime import load_runtime, resolve_device, resolve_dtype
+from ragidx.indexer.storage.faiss_module import faiss_module
 from ragidx.indexer.strategies import create_strategy, named_or_default
 
 if TYPE_CHECKING:
@@ -241,7 +242,7 @@ def bench_strategy(
     peaks: dict[str, float],
     anchor: Anchor,
 ) -> BenchRow:
-    import faiss
+    faiss = faiss_module()
 
     runtime = strategy.runtime
     strategy.encode(list(texts[:2]))  # warm-up: first-call allocations and lazy set-up

@@ -24,6 +24,7 @@ import numpy as np
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
+from ragidx.indexer.storage.faiss_module import faiss_module
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.vector_index import VectorIndex, new_vector_index, stored_ids
 
@@ -200,7 +201,7 @@ def write_faiss_file(path: Path, index: faiss.Index, written: str, renamed: str)
     """``index`` under ``path``: written as ``.partial``, fsynced, renamed, the folder fsynced;
     returns the file's checksum. ``written`` and ``renamed`` name the crash-test checkpoints
     between the steps."""
-    import faiss
+    faiss = faiss_module()
 
     partial = path.with_name(path.name + ".partial")
     faiss.write_index(index, str(partial))
@@ -253,7 +254,7 @@ def segment_of(file: str, built: VectorIndex, ids: np.ndarray, checksum: str) ->
 
 
 def read_faiss(path: Path) -> faiss.Index:
-    import faiss
+    faiss = faiss_module()
 
     return faiss.read_index(str(path))
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.storage.faiss_module import faiss_module
 from ragidx.indexer.storage.index_settings import VectorIndexSettings, default_nlist
 
 if TYPE_CHECKING:
@@ -37,12 +38,13 @@ class VectorIndex:
     gpu: Any = field(default=None, repr=False)  # a GPU copy of a flat index (see use_gpu)
 
     def use_gpu(self) -> bool:
-        """Search a flat index on the GPU from now on (needs faiss built with CUDA: ``ragidx[gpu]``).
+        """Search a flat index on the GPU from now on (needs faiss built with CUDA: faiss-gpu-cu12
+        in place of faiss-cpu).
 
         Only unfiltered exact search moves: filtered searches keep using the CPU index, whose
         id selectors the GPU copy lacks. False (and nothing changes) when no GPU can be used.
         """
-        import faiss
+        faiss = faiss_module()
 
         if self.gpu is not None:  # a segment kept from an earlier generation
             return True
@@ -113,7 +115,7 @@ class VectorIndex:
     def _parameters(
         self, limit: int, allowed: np.ndarray | None, ef_search: int | None, nprobe: int | None
     ) -> faiss.SearchParameters:
-        import faiss
+        faiss = faiss_module()
 
         if allowed is not None:
             selector = faiss.IDSelectorBatch(allowed)  # live ids only (see SegmentedVectors.search)
@@ -146,7 +148,7 @@ def one_thread_for_one_query(queries: int) -> Iterator[None]:
     if queries != 1:
         yield
         return
-    import faiss
+    faiss = faiss_module()
 
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
@@ -175,7 +177,7 @@ def exact_among(
 
 def stored_ids(index: faiss.Index) -> np.ndarray:
     """Every id the FAISS index holds (tombstoned ones included), ascending."""
-    import faiss
+    faiss = faiss_module()
 
     if isinstance(index, faiss.IndexIDMap2):
         return np.sort(faiss.vector_to_array(index.id_map))
@@ -186,7 +188,7 @@ def stored_ids(index: faiss.Index) -> np.ndarray:
 
 def list_ids(lists: faiss.InvertedLists, list_no: int) -> np.ndarray:
     """The ids stored in one IVF list."""
-    import faiss
+    faiss = faiss_module()
 
     size = lists.list_size(list_no)
     return faiss.rev_swig_ptr(lists.get_ids(list_no), size).copy() if size else np.zeros(0, dtype=np.int64)
@@ -194,7 +196,7 @@ def list_ids(lists: faiss.InvertedLists, list_no: int) -> np.ndarray:
 
 def create_index(settings: VectorIndexSettings, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
     """A new index of ``settings.kind`` holding ``vectors`` under ``ids`` (IVF trains on them)."""
-    import faiss
+    faiss = faiss_module()
 
     dimension = vectors.shape[1]
     if settings.kind == "ivf":
