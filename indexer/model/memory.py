@@ -100,14 +100,13 @@ def check_fits(model: str, parameters: int, dtype: str, device: str, config: Any
     the memory ``device`` has available, naming the dtypes that would fit."""
     if not checking():
         return
-    needed = needed_bytes(parameters, dtype, device, config)
+    reserve = device_reserve(dtype, device, config)
     available = available_bytes(device)
-    if needed <= available:
+    if weight_bytes(parameters, dtype) + reserve <= available:
         return
     sizes = {each: needed_bytes(parameters, each, device, config) for each in leaner_dtypes(dtype)}
     leaner = "".join(f" --dtype {each} ({_gb(size)})," for each, size in sizes.items() if size <= available)
     elsewhere = " --device cuda," if device != "cuda" else ""
-    reserve = device_reserve(dtype, device, config)
     beside = f" (and {_gb(reserve)} for a batch)" if reserve else ""
     raise RagidxError(
         f"model '{model}' does not fit: {parameters / 1e9:.2f}B weights need "

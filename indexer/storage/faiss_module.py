@@ -28,12 +28,12 @@ def faiss_module() -> Any:
     return faiss
 
 
-def installed_faiss() -> list[str]:
-    """The faiss distributions installed here, with their versions (``faiss-cpu 1.15.1``)."""
+def installed_faiss() -> list[tuple[str, str]]:
+    """The faiss distributions installed here, with their versions."""
     found = []
     for name in FAISS_DISTRIBUTIONS:
         try:
-            found.append(f"{name} {metadata.version(name)}")
+            found.append((name, metadata.version(name)))
         except metadata.PackageNotFoundError:
             continue
     return found
@@ -43,15 +43,14 @@ def faiss_install_error(error: BaseException) -> RagidxError:
     found = installed_faiss()
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
     if len(found) > 1:
-        names = " ".join(each.split(" ")[0] for each in found)
+        versions = " and ".join(f"{name} {version}" for name, version in found)
         return RagidxError(
-            f"faiss cannot be imported: {' and '.join(found)} are installed together and overwrite "
-            f"each other's files ({reason}); keep one: pip uninstall -y {names} && pip install "
-            "faiss-cpu (or faiss-gpu-cu12 on a CUDA host)"
+            f"faiss cannot be imported: {versions} are installed together and overwrite each other's "
+            f"files ({reason}); keep one: pip uninstall -y {' '.join(name for name, _ in found)} && pip "
+            "install faiss-cpu (or faiss-gpu-cu12 on a CUDA host)"
         )
     if not found:
         return RagidxError(f"faiss is not installed ({reason}); pip install faiss-cpu")
     return RagidxError(
-        f"faiss cannot be imported ({reason}); reinstall it: pip install --force-reinstall "
-        f"{found[0].split(' ')[0]}"
+        f"faiss cannot be imported ({reason}); reinstall it: pip install --force-reinstall {found[0][0]}"
     )

@@ -179,38 +179,16 @@ def random_model(out: Path, tokenizer_from: Path, shape: str) -> None:
 def batches(runtime, texts_dir: Path, strategy_name: str, token_budgets: list[int]) -> None:
     """Tokens/s of one strategy at each batch size: the device's default (from free memory), the
     CPU's 32 rows, then each budget of padded tokens (rows: a sixteenth of it)."""
-    import torch
-
     from ragidx.app.research.bench import bench_texts
     from ragidx.indexer.model.batch_size import ROW_TOKENS, BatchSettings
-    from ragidx.indexer.strategies import create_strategy
 
     chunks = bench_texts(runtime, texts_dir, 256, None)
-    tokens = sum(len(ids) for ids in runtime.tokenize(chunks))
-    cuda = runtime.device.type == "cuda"
-    default = create_strategy(strategy_name, runtime).batch
-    settings = [
-        default,
+    timed_build(runtime, chunks, strategy_name)  # the default
+    for batch in [
         BatchSettings(),
         *(BatchSettings(max_rows=t // ROW_TOKENS, max_tokens=t) for t in token_budgets),
-    ]
-    for batch in settings:
-        strategy = create_strategy(strategy_name, runtime, batch=batch)
-        strategy.encode(chunks[:64])
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        started = time.perf_counter()
-        strategy.encode(chunks)
-        seconds = time.perf_counter() - started
-        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-        print(
-            f"{runtime.model_id} {strategy_name} {runtime.precision}: rows<={batch.max_rows} "
-            f"tokens<={batch.max_tokens}{' (default)' if batch is default else ''}: "
-            f"{tokens / seconds:,.0f} tokens/s ({len(chunks)} chunks, {tokens} tokens, {seconds:.2f} s), "
-            f"GPU peak {peak:.1f} GiB",
-            flush=True,
-        )
+    ]:
+        timed_build(runtime, chunks, strategy_name, batch)
 
 
 def query(runtime, strategy_name: str, words: int, repeats: int = 20) -> None:
@@ -270,25 +248,30 @@ def speed(model: str, texts_dir: Path, strategies: list[str], budgets: list[int]
         query(runtime, name, 16)
 
 
-def timed_build(runtime, chunks: list[str], strategy_name: str) -> tuple[np.ndarray, float]:
-    """One strategy's vectors of ``chunks`` at the device's default batch, and its tokens/s."""
+def timed_build(runtime, chunks: list[str], strategy_name: str, batch=None) -> tuple[np.ndarray, float]:
+    """One strategy's vectors of ``chunks`` at ``batch`` (default: the device's, from free memory)
+    and its tokens/s, printed with the batch it ended at and the GPU's peak allocation."""
     import torch
 
     from ragidx.indexer.strategies import create_strategy
 
-    strategy = create_strategy(strategy_name, runtime)
-    strategy.encode(chunks[:8])
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    cuda = runtime.device.type == "cuda"
+    strategy = create_strategy(strategy_name, runtime, **({"batch": batch} if batch else {}))
+    strategy.encode(chunks[:64])
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     found = strategy.encode(chunks)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     tokens = sum(len(ids) for ids in runtime.tokenize(chunks))
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     print(
-        f"{runtime.precision}: {strategy_name} {tokens / seconds:,.0f} tokens/s ({len(chunks)} chunks, "
-        f"{seconds:.1f} s), batch rows<={strategy.batch.max_rows} tokens<={strategy.batch.max_tokens}, "
-        f"GPU peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+        f"{runtime.model_id} {strategy_name} {runtime.precision}: rows<={strategy.batch.max_rows} "
+        f"tokens<={strategy.batch.max_tokens}{'' if batch else ' (default)'}: {tokens / seconds:,.0f} "
+        f"tokens/s ({len(chunks)} chunks, {tokens} tokens, {seconds:.2f} s), GPU peak {peak:.1f} GiB",
         flush=True,
     )
     return found, tokens / seconds
