@@ -70,9 +70,9 @@ def _device_options(command: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Choice(DTYPES),
         default=None,
         help=(
-            "Model precision (auto: bf16 on CUDA; on a CPU, whichever is measured faster there, int8 "
-            "where it is as fast as float32 or float32 would not fit; int8: int8 weights with float32 "
-            "products, under a third of float32's memory)."
+            "Model precision (auto: bf16 on CUDA; on a CPU, bf16 where it has bf16 instructions and "
+            "bf16 is measured faster, else float32, and int8 where that would not fit; int8: int8 "
+            "weights with float32 products, under a third of float32's memory)."
         ),
     )(command)
     return _device_option(command)

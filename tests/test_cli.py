@@ -509,7 +509,8 @@ def test_calibrate_then_build_kv_embedding_with_the_cached_layers(tiny_models, s
     np.testing.assert_allclose(stored, strategy.encode([text])[0], atol=1e-5)
     assert top_hit(index, text)["chunk_id"] == chunk_id
     rebuilt = json.loads(ragidx(*args, "--rebuild", "--json").stdout)["strategy_notes"]["layer_source"]
-    assert rebuilt == "--layers"  # a rebuild keeps the index's layers, cache or not
+    # a rebuild keeps the index's layers, cache or not, and says where they came from, not "--layers"
+    assert rebuilt == summary["strategy_notes"]["layer_source"]
     fresh = (
         "build",
         sample_corpus / "faq",

@@ -133,14 +133,23 @@ def test_an_int8_model_answers_with_an_int8_head_of_its_own(tmp_path):
     assert ours.get_input_embeddings().weight.dtype == torch.bfloat16
 
 
-def test_auto_gives_way_to_memory_and_a_refusal_names_what_fits(monkeypatch):
+@pytest.mark.parametrize("bf16_instructions", [True, False])
+def test_auto_gives_way_to_memory_and_a_refusal_names_what_fits(monkeypatch, bf16_instructions):
+    """Where float32 does not fit, bf16 comes next only on a CPU that has bf16 instructions: one
+    without them emulates bf16 at about a hundredth of float32's speed, so int8 comes next there."""
     monkeypatch.setattr(memory, "available_bytes", lambda device: 3_000)
-    assert memory.fitting_dtype(1_000, "float32", "cpu") == "bfloat16"  # 2,000 bytes
+    monkeypatch.setattr(memory, "cpu_has_bfloat16_instructions", lambda: bf16_instructions)
+    leaner = "bfloat16" if bf16_instructions else "int8"
+    assert memory.fitting_dtype(1_000, "float32", "cpu") == leaner  # bf16: 2,000 bytes, int8: 1,250
     assert memory.fitting_dtype(2_000, "float32", "cpu") == "int8"  # 2,500 bytes
     assert memory.fitting_dtype(2_000, "bfloat16", "cuda") == "int8"
+    assert memory.fitting_dtype(1_000, "float32", "cuda") == "bfloat16"  # a GPU has bf16 products
     assert memory.fitting_dtype(9_000, "float32", "cpu") == "float32"
     with pytest.raises(RagidxError, match=r"in float32 and cpu has 0\.0 GB available; use --dtype int8 \("):
         memory.check_fits("m", 2_000, "float32", "cpu")
+    named = r"use --dtype bfloat16 \(0\.0 GB\), --dtype int8" if bf16_instructions else r"use --dtype int8 \("
+    with pytest.raises(RagidxError, match=named):
+        memory.check_fits("m", 1_000, "float32", "cpu")
 
 
 def test_on_a_gpu_auto_keeps_room_for_a_batch_beside_the_weights(monkeypatch):
@@ -178,28 +187,22 @@ def test_the_memory_fallback_loads_int8_where_float32_would_not_fit(tiny_models,
 SHAPE = SimpleNamespace(hidden_size=576, intermediate_size=1536)
 
 
-@pytest.mark.parametrize(("int8_gflops", "chosen"), [(96.0, "int8"), (94.0, "float32")])
-def test_without_bf16_instructions_auto_takes_int8_within_five_percent_of_float32(
-    monkeypatch, tmp_path, int8_gflops, chosen
-):
+def test_without_bf16_instructions_auto_runs_float32_and_times_only_its_packing(monkeypatch, tmp_path):
+    """int8 weights compute in float32 after an upcast, so they are never faster (1.4-1.8x slower for a
+    query on an AVX2-only CPU, docs/precision.md): the probe does not time them, nor emulated bf16."""
     monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(precision, "cpu_has_bfloat16_instructions", lambda: False)
+    monkeypatch.setattr(precision, "can_pack_linear_weights", lambda dtype: True)
     timed = []
 
-    monkeypatch.setattr(precision, "can_pack_linear_weights", lambda dtype: False)
-
     def rate(dtype, inputs, outputs, *args, packed=False):
-        timed.append(dtype)
-        return {"float32": 100.0e9, "int8": int8_gflops * 1e9}[dtype]
+        timed.append((dtype, packed))
+        return {False: 100.0e9, True: 120.0e9}[packed]
 
     monkeypatch.setattr(precision, "linear_flops_per_second", rate)
-    assert resolve_dtype("auto", "cpu", SHAPE) == chosen
-    assert resolve_dtype("auto", "cpu", SHAPE) == chosen  # cached: timed once
-    assert timed == ["float32", "int8"]
+    assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
+    assert resolve_dtype("auto", "cpu", SHAPE) == "float32"  # cached: timed once
+    assert timed == [("float32", False), ("float32", True)]
+    assert precision.packs_float32(576, 1536)
     (entry,) = json.loads((tmp_path / "precision.json").read_text()).values()
-    assert entry == {
-        "candidate": "int8",
-        "float32_gflops": 100.0,
-        "packed_float32_gflops": 0.0,
-        "candidate_gflops": int8_gflops,
-    }
+    assert entry == {"float32_gflops": 100.0, "packed_float32_gflops": 120.0, "bfloat16_gflops": 0.0}

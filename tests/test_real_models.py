@@ -80,15 +80,18 @@ def int8_runtime(real_runtime):
 
 
 @pytest.fixture(scope="session")
-def auto_runtime(real_runtime, int8_runtime):
+def auto_runtime(real_runtime):
     """The same model in the dtype ``--dtype auto`` picks on this CPU: bfloat16 (the same converted
-    weights, rounded on load) where the CPU has bf16 instructions and it is faster; elsewhere int8
-    weights where they are as fast as float32, else the float32 runtime itself."""
+    weights, rounded on load) where the CPU has bf16 instructions and it is faster, else the float32
+    runtime itself."""
     from ragidx.indexer.model.runtime import load_runtime, resolve_dtype
 
     chosen = resolve_dtype("auto", "cpu", real_runtime.model.config)
-    known = {"float32": real_runtime, "int8": int8_runtime}
-    return known.get(chosen) or load_runtime(real_runtime.model_id, device="cpu", dtype=chosen)
+    return (
+        real_runtime
+        if chosen == "float32"
+        else load_runtime(real_runtime.model_id, device="cpu", dtype=chosen)
+    )
 
 
 @pytest.fixture(scope="session")

@@ -109,11 +109,10 @@ def probes(monkeypatch, tmp_path):
     calls: list[tuple[int, int]] = []
     measured = {"float32": 100.0, "packed float32": 0.0, "bfloat16": 250.0}
 
-    def probe(hidden: int, intermediate: int, candidate: str) -> precision.PrecisionProbe:
+    def probe(hidden: int, intermediate: int) -> precision.PrecisionProbe:
         calls.append((hidden, intermediate))
-        return precision.PrecisionProbe(
-            candidate, measured["float32"], measured["packed float32"], measured[candidate]
-        )
+        bfloat16 = measured["bfloat16"] if precision.cpu_has_bfloat16_instructions() else 0.0
+        return precision.PrecisionProbe(measured["float32"], measured["packed float32"], bfloat16)
 
     monkeypatch.setattr(precision, "probe_precision", probe)
     cache = tmp_path / "precision.json"
@@ -127,12 +126,7 @@ def test_auto_on_cpu_takes_the_dtype_measured_faster_and_measures_once_per_shape
     assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
     assert probes.calls == [(576, 1536)]
     (entry,) = json.loads(probes.cache.read_text()).values()
-    assert entry == {
-        "candidate": "bfloat16",
-        "float32_gflops": 100.0,
-        "packed_float32_gflops": 0.0,
-        "candidate_gflops": 250.0,
-    }
+    assert entry == {"float32_gflops": 100.0, "packed_float32_gflops": 0.0, "bfloat16_gflops": 250.0}
     tiny = SimpleNamespace(hidden_size=64, intermediate_size=128)
     assert resolve_dtype("auto", "cpu", tiny) == "float32"  # too small to time: never probed
     assert probes.calls == [(576, 1536)]
@@ -168,11 +162,10 @@ def test_auto_on_cpu_needs_a_clear_bfloat16_win(probes):
 def test_auto_on_cpu_never_times_bfloat16_without_bf16_instructions(probes, monkeypatch):
     assert resolve_dtype("auto", "cuda", SHAPE) == "bfloat16"
     monkeypatch.setattr(probes.module, "cpu_has_bfloat16_instructions", lambda: False)
-    probes.measured.update(int8=99.0)
-    assert resolve_dtype("auto", "cpu", SHAPE) == "int8"  # emulated bf16 is never faster: int8 is timed
+    assert resolve_dtype("auto", "cpu", SHAPE) == "float32"  # emulated bf16 is never faster: not timed
 
 
-def test_auto_weighs_the_candidate_against_the_faster_float32_product(probes):
+def test_auto_weighs_bfloat16_against_the_faster_float32_product(probes):
     probes.measured.update({"packed float32": 220.0})  # bf16's 250 is 1.14x of it: not worth rounding
     assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
 
@@ -211,13 +204,14 @@ def test_float32_weights_are_packed_only_where_measured_faster(
 def test_a_damaged_precision_cache_is_measured_again(probes):
     probes.cache.write_text("{not json")
     assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
-    old = {"float32_gflops": 1.0, "bfloat16_gflops": 2.0}  # an entry written before int8 was a candidate
-    probes.cache.write_text(json.dumps({probes.module._machine_key(576, 1536, "bfloat16"): old}))
+    # an entry as the version before this one wrote it, with a candidate dtype
+    old = {"candidate": "bfloat16", "float32_gflops": 1, "packed_float32_gflops": 0, "candidate_gflops": 2}
+    probes.cache.write_text(json.dumps({probes.module._machine_key(576, 1536): old}))
     assert resolve_dtype("auto", "cpu", SHAPE) == "bfloat16"
     assert len(probes.calls) == 2
 
 
-@pytest.mark.parametrize(("dtype", "packed"), [("float32", False), ("float32", True), ("int8", False)])
+@pytest.mark.parametrize(("dtype", "packed"), [("float32", False), ("float32", True), ("bfloat16", False)])
 def test_the_precision_probe_times_a_real_product(dtype, packed):
     from ragidx.indexer.model.precision import linear_flops_per_second
 

@@ -173,7 +173,7 @@ def build(
             model_file=runtime.model_file,
             model_type=runtime.arch.model_type,
             strategy_reason=reason,
-            strategy_notes=kept_notes(stored, name, strategy),
+            strategy_notes=kept_notes(resolution.inherited, name, strategy),
             dimension=strategy.dimension,
             dtype=runtime.precision,
             vector_index=vector_index,
@@ -215,12 +215,13 @@ def build(
         return _report(options, writer, plan, skipped, started, settings, committed, embedded, tuning)
 
 
-def kept_notes(stored: IndexSettings | None, name: str, strategy: Strategy) -> dict[str, Any]:
+def kept_notes(inherited: IndexSettings | None, name: str, strategy: Strategy) -> dict[str, Any]:
     """What the strategy says of how its settings were chosen: as the build that chose them said,
-    when this build took them from the index unchanged (its options now come from the index, and
-    would all read as given: ``layer source: --layers`` for layers the user never gave)."""
-    if stored and stored.strategy == name and stored.strategy_params == strategy.params:
-        return {**strategy.notes, **stored.strategy_notes}
+    when this build (incremental or ``--rebuild``) took them from the index unchanged (its options
+    then come from the index, and would all read as given: ``layer source: --layers`` for layers
+    the user never gave)."""
+    if inherited and inherited.strategy == name and inherited.strategy_params == strategy.params:
+        return {**strategy.notes, **inherited.strategy_notes}
     return strategy.notes
 
 

@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.batch_size import GPU_MEMORY_SHARE, GPU_MIN_TOKENS, activation_bytes_per_token
+from ragidx.indexer.model.precision import cpu_has_bfloat16_instructions
 
 # What a run holds per weight. int8: a byte, an eighth for each group's float16 scale and offset,
 # and the embedding's share in 16 bits; that share is not known from a header, so all weights count
@@ -77,9 +78,13 @@ def needed_bytes(parameters: int, dtype: str, device: str, config: Any = None) -
     return weight_bytes(parameters, dtype) + device_reserve(dtype, device, config)
 
 
-def leaner_dtypes(dtype: str) -> list[str]:
-    """The dtypes that hold less memory than ``dtype``, leanest last."""
-    return [each for each in ("bfloat16", "int8") if BYTES_PER_WEIGHT[each] < BYTES_PER_WEIGHT[dtype]]
+def leaner_dtypes(dtype: str, device: str) -> list[str]:
+    """The dtypes that hold less memory than ``dtype`` and run at a usable speed on ``device``,
+    leanest last. A CPU without bf16 instructions emulates bf16 products at about a hundredth of
+    float32's speed (docs/precision.md), so there an 8B model that does not fit in float32 goes to
+    int8 (float32 products), not to bf16."""
+    usable = ("int8",) if device == "cpu" and not cpu_has_bfloat16_instructions() else ("bfloat16", "int8")
+    return [each for each in usable if BYTES_PER_WEIGHT[each] < BYTES_PER_WEIGHT[dtype]]
 
 
 def fitting_dtype(parameters: int, dtype: str, device: str, config: Any = None) -> str:
@@ -89,7 +94,7 @@ def fitting_dtype(parameters: int, dtype: str, device: str, config: Any = None) 
     if not checking():
         return dtype
     available = available_bytes(device)
-    for each in [dtype, *leaner_dtypes(dtype)]:
+    for each in [dtype, *leaner_dtypes(dtype, device)]:
         if needed_bytes(parameters, each, device, config) <= available:
             return each
     return dtype
@@ -104,7 +109,7 @@ def check_fits(model: str, parameters: int, dtype: str, device: str, config: Any
     available = available_bytes(device)
     if weight_bytes(parameters, dtype) + reserve <= available:
         return
-    sizes = {each: needed_bytes(parameters, each, device, config) for each in leaner_dtypes(dtype)}
+    sizes = {each: needed_bytes(parameters, each, device, config) for each in leaner_dtypes(dtype, device)}
     leaner = "".join(f" --dtype {each} ({_gb(size)})," for each, size in sizes.items() if size <= available)
     elsewhere = " --device cuda," if device != "cuda" else ""
     beside = f" (and {_gb(reserve)} for a batch)" if reserve else ""

@@ -4,9 +4,12 @@ bfloat16 halves the bytes a matrix product moves, but only CPUs with bf16 dot-pr
 instructions (AVX512-BF16, AMX) turn that into speed: elsewhere oneDNN converts to float32 and
 back, and bf16 runs at 0.4-0.7x float32 (docs/precision.md). So a CPU with those instructions
 times a model-shaped matrix product in float32 and bf16 (about a second, cached per machine) and
-keeps bf16 only where it is clearly faster. A CPU without them times float32 against int8
-weights with float32 products (:mod:`ragidx.indexer.model.int8_weights`: under a third of
-the memory) and keeps int8 wherever it is within 5% of float32's speed.
+keeps bf16 only where it is clearly faster. A CPU without them runs float32, and times only
+whether oneDNN's packed float32 weights beat torch's product. int8 weights
+(:mod:`ragidx.indexer.model.int8_weights`) are never chosen for speed: they compute in float32
+after an upcast of every weight, so they are at best as fast in a build and 1.4-1.8x slower for a
+query (measured on an AVX2-only CPU); memory alone picks them, where float32 does not fit
+(:func:`ragidx.indexer.model.memory.fitting_dtype`).
 """
 
 from __future__ import annotations
@@ -19,20 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from ragidx.indexer.cache import cache_dir, cache_lock, read_json_cache, write_json_cache
-from ragidx.indexer.model.int8_weights import hold_int8
 from ragidx.indexer.model.packed_linear import can_pack_linear_weights, pack_linear_weights
 
 PROBE_TOKENS = 256  # rows of the probe's product: a typical batch slice, large enough to be steady
-# int8 weights pay an upcast per product, which a build's batches (thousands of rows) amortise and a
-# 256-row probe of one layer, whose float32 weights stay in cache, does not: at 256 rows SmolLM2's
-# widest layer measured 0.93x float32 where the whole model's batches ran at 1.00x; so int8 is
-# probed at a build batch's size.
-INT8_PROBE_TOKENS = 2048
 PROBE_SECONDS = 0.4  # per dtype
-# The speed, relative to float32, a candidate needs to be chosen: bf16 must be clearly faster (below
-# 1.2x, rounding is not worth the speed and noise could flip it); int8 weights hold under a third
-# of the memory for the same float32 products, so they need only be about as fast.
-SPEED_NEEDED = {"bfloat16": 1.2, "int8": 1 / 1.05}
+# How much faster than float32 bf16 must be to be chosen: below 1.2x, rounding is not worth the
+# speed, and noise could flip the verdict.
+BFLOAT16_SPEED_NEEDED = 1.2
 # Below this width a product is so small (64 -> 128: ~2 MFLOP) that both dtypes run at the same
 # per-call overhead (measured 0.98-1.01x here), so the probe would time noise: float32, unprobed.
 MIN_PROBED_HIDDEN = 256
@@ -60,18 +56,13 @@ def linear_flops_per_second(
     seconds: float = PROBE_SECONDS,
     packed: bool = False,
 ) -> float:
-    """FLOP/s of a ``tokens x inputs -> outputs`` linear layer in ``dtype`` on the CPU (``int8``:
-    int8 weights, float32 products, as a model in that dtype runs them; ``packed``: its weight
-    reordered for oneDNN where this CPU can, as a loaded model's are)."""
+    """FLOP/s of a ``tokens x inputs -> outputs`` linear layer in ``dtype`` on the CPU (``packed``:
+    its weight reordered for oneDNN where this CPU can, as a loaded model's are)."""
     import torch
 
-    layer = torch.nn.Linear(inputs, outputs, bias=False).requires_grad_(False)
-    if dtype == "int8":
-        hold_int8(layer)
-    else:
-        layer.to(getattr(torch, dtype))
-        if packed:
-            pack_linear_weights(layer)
+    layer = torch.nn.Linear(inputs, outputs, bias=False).requires_grad_(False).to(getattr(torch, dtype))
+    if packed:
+        pack_linear_weights(layer)
     batch = torch.randn(tokens, inputs, dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     with torch.inference_mode():
         return best_flops_per_second(lambda: layer(batch), 2.0 * tokens * inputs * outputs, seconds)
@@ -88,12 +79,11 @@ def cpu_has_bfloat16_instructions() -> bool:
 @dataclass(frozen=True)
 class PrecisionProbe:
     """One measurement: a model-shaped product's speed in float32 (torch's own product and
-    oneDNN's packed one) and in the candidate dtype on this CPU, and the verdicts."""
+    oneDNN's packed one) and, on a CPU with bf16 instructions, in bf16; and the verdicts."""
 
-    candidate: str
     float32_gflops: float
     packed_float32_gflops: float  # 0 where this CPU cannot pack float32 weights
-    candidate_gflops: float
+    bfloat16_gflops: float  # 0 where this CPU lacks bf16 instructions: not timed, emulated there
 
     @property
     def packs_float32(self) -> bool:
@@ -103,16 +93,10 @@ class PrecisionProbe:
     @property
     def chosen(self) -> str:
         float32 = max(self.float32_gflops, self.packed_float32_gflops)
-        fast_enough = self.candidate_gflops >= SPEED_NEEDED[self.candidate] * float32
-        return self.candidate if fast_enough else "float32"
+        return "bfloat16" if self.bfloat16_gflops >= BFLOAT16_SPEED_NEEDED * float32 else "float32"
 
 
-def cpu_candidate() -> str:
-    """The dtype worth timing against float32 on this CPU: bf16 where it has the instructions."""
-    return "bfloat16" if cpu_has_bfloat16_instructions() else "int8"
-
-
-def _machine_key(hidden: int, intermediate: int, candidate: str) -> str:
+def _machine_key(hidden: int, intermediate: int) -> str:
     """What the verdict depends on: the CPU, torch's kernels, the threads it may use, the shape."""
     import torch
 
@@ -123,7 +107,6 @@ def _machine_key(hidden: int, intermediate: int, candidate: str) -> str:
             f"torch {torch.__version__}",
             f"{torch.get_num_threads()} threads",
             f"{hidden}x{intermediate}",
-            candidate,
         )
     )
 
@@ -138,19 +121,17 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def probe_precision(hidden: int, intermediate: int, candidate: str) -> PrecisionProbe:
+def probe_precision(hidden: int, intermediate: int) -> PrecisionProbe:
     """Time the model's widest product (hidden -> intermediate) as a loaded model would run it:
-    float32 plain and packed, and ``candidate`` (bf16 packed where this CPU packs it), now."""
-    tokens = INT8_PROBE_TOKENS if candidate == "int8" else PROBE_TOKENS
+    float32 plain and packed, and bf16 packed where this CPU has the instructions, now."""
 
     def gflops(dtype: str, packed: bool = False) -> float:
-        return linear_flops_per_second(dtype, hidden, intermediate, tokens, packed=packed) / 1e9
+        return linear_flops_per_second(dtype, hidden, intermediate, packed=packed) / 1e9
 
     return PrecisionProbe(
-        candidate=candidate,
         float32_gflops=gflops("float32"),
         packed_float32_gflops=gflops("float32", packed=True) if can_pack_linear_weights("float32") else 0.0,
-        candidate_gflops=gflops(candidate, packed=candidate == "bfloat16"),
+        bfloat16_gflops=gflops("bfloat16", packed=True) if cpu_has_bfloat16_instructions() else 0.0,
     )
 
 
@@ -160,9 +141,8 @@ def measured_precision(hidden: int, intermediate: int) -> PrecisionProbe | None:
     at once measure one at a time: timed against each other, two once chose bf16 and float32."""
     if hidden < MIN_PROBED_HIDDEN:
         return None
-    candidate = cpu_candidate()
     path = cache_dir() / CACHE_FILE
-    key = _machine_key(hidden, intermediate, candidate)
+    key = _machine_key(hidden, intermediate)
     found = _cached_probe(path, key)
     if found is not None:
         return found
@@ -170,7 +150,7 @@ def measured_precision(hidden: int, intermediate: int) -> PrecisionProbe | None:
         found = _cached_probe(path, key)  # measured by a process that held the lock first
         if found is not None:
             return found
-        probe = probe_precision(hidden, intermediate, candidate)
+        probe = probe_precision(hidden, intermediate)
         write_json_cache(path, {**read_json_cache(path), key: asdict(probe)})
     return probe
 
@@ -184,7 +164,7 @@ def _cached_probe(path: Path, key: str) -> PrecisionProbe | None:
 
 
 def cpu_auto_dtype(hidden: int, intermediate: int) -> str:
-    """``float32``, ``bfloat16`` or ``int8``: what is measured best for a model of this shape on
+    """``float32`` or ``bfloat16``: what is measured faster for a model of this shape on
     this CPU (before memory has its say: :func:`ragidx.indexer.model.memory.fitting_dtype`)."""
     probe = measured_precision(hidden, intermediate)
     return probe.chosen if probe else "float32"

@@ -336,7 +336,7 @@ def resolve_device(device: str) -> str:
 def resolve_dtype(dtype: str, device: str, config: Any = None) -> str:
     """``auto`` is bfloat16 on CUDA, float16 on MPS, and on a CPU what is measured best there for
     a model of ``config``'s shape (:mod:`ragidx.indexer.model.precision`: bf16 where it is faster,
-    int8 weights where they are as fast as float32). Every strategy runs in it:
+    else float32; memory may then ask for less). Every strategy runs in it:
     where bf16 moves vectors most (``kv-embedding``, ``cp``), STS-B and SciFact figures held within
     noise of float32 (docs/precision.md)."""
     if dtype not in DTYPES:

@@ -1,14 +1,13 @@
 """int8 weights with float32 products against float32 itself: forward time, in one process.
 
 Usage: python tests/benchmarks/int8_weights.py [--model smollm2] [--batch 32x256] [--query 12]
-       [--rounds 4] [--probe]
+       [--rounds 4]
 
 Loads the model twice (``--dtype float32`` and ``--dtype int8``) and times a forward pass on a
 build-sized batch (rows x tokens of random ids) and on one query-sized row, the two dtypes
 alternating round by round so they share the machine's noise; prints the best of the rounds and
-the ratio int8 / float32. ``--probe`` also prints what ``--dtype auto``'s probe measures for the
-model's shape on this CPU (float32 and int8 GFLOP/s of its widest product at 256 rows). Peak
-memory needs a process per dtype: ``/usr/bin/time -f %M ragidx embed --model M --dtype D "text"``.
+the ratio int8 / float32. Peak memory needs a process per dtype:
+``/usr/bin/time -f %M ragidx embed --model M --dtype D "text"``.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ DTYPES = ("float32", "int8")
 def main() -> None:
     import torch
 
-    from ragidx.indexer.model.precision import probe_precision
     from ragidx.indexer.model.runtime import Batch, load_runtime
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -30,7 +28,6 @@ def main() -> None:
     parser.add_argument("--batch", default="32x256", help="rows x tokens of the build-sized batch")
     parser.add_argument("--query", type=int, default=12, help="tokens of the one-row forward")
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--probe", action="store_true")
     arguments = parser.parse_args()
     rows, tokens = (int(part) for part in arguments.batch.split("x"))
     runtimes = {dtype: load_runtime(arguments.model, device="cpu", dtype=dtype) for dtype in DTYPES}
@@ -48,13 +45,6 @@ def main() -> None:
                 best[dtype] = min(best[dtype], time.perf_counter() - started)
         times = ", ".join(f"{dtype} {1000 * seconds:.1f} ms" for dtype, seconds in best.items())
         print(f"forward {name}: {times}; int8 / float32 {best['int8'] / best['float32']:.3f}")
-    if arguments.probe:
-        config = runtimes["float32"].model.config
-        probe = probe_precision(config.hidden_size, config.intermediate_size, "int8")
-        print(
-            f"probe {config.hidden_size}x{config.intermediate_size}: float32 {probe.float32_gflops:.1f}, "
-            f"int8 {probe.candidate_gflops:.1f} GFLOP/s; auto would choose {probe.chosen}"
-        )
 
 
 if __name__ == "__main__":
