@@ -20,6 +20,7 @@ from ragidx import __version__
 from ragidx.app import RagidxError, catalog, daemon_address, daemon_client
 from ragidx.app.catalog import (
     DEFAULT_CONTEXT_TOKENS,
+    DEFAULT_DECODER,
     DEFAULT_MODEL,
     DEFAULT_NEW_TOKENS,
     DEVICES,
@@ -211,6 +212,12 @@ def _model_option(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
+def _decoder_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--model", default=DEFAULT_DECODER, show_default=True, help=MODEL_HELP + " (a decoder)."
+    )(command)
+
+
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, ensure_ascii=False, indent=2))
 
@@ -301,6 +308,14 @@ def _build_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--trust-remote-code", is_flag=True, help="Allow model code from the hub to run."),
         click.option(
+            "--dense/--no-dense",
+            "dense",
+            default=None,
+            help="Keep vectors (--dense, which also adds them to a lexical index) or none (--no-dense: "
+            "a lexical index, keyword search alone). Default: a new index embeds a sample first and "
+            "keeps vectors where they beat keyword search on it; an index keeps its choice.",
+        ),
+        click.option(
             "--tune/--no-tune",
             default=True,
             show_default=True,
@@ -359,12 +374,19 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         _print_json(report.to_dict())
         return
     click.echo(report.changes.summary())
-    click.echo(
-        f"embedded {counted(report.documents, 'document')} as {counted(report.chunks, 'chunk')} "
-        f"({counted(report.tokens, 'token')}) in {report.embed_seconds:.1f} s "
-        f"({report.tokens_per_second:.0f} tokens/s, {report.vectors_per_second:.1f} chunks/s); "
-        f"{report.seconds:.1f} s in all"
+    if report.resumed:
+        click.echo(report.resumed.describe())
+    counts = (
+        f"{counted(report.documents, 'document')} as {counted(report.chunks, 'chunk')} "
+        f"({counted(report.tokens, 'token')})"
     )
+    if report.dense:
+        click.echo(
+            f"embedded {counts} in {report.embed_seconds:.1f} s ({report.tokens_per_second:.0f} tokens/s, "
+            f"{report.vectors_per_second:.1f} chunks/s); {report.seconds:.1f} s in all"
+        )
+    else:
+        click.echo(f"indexed {counts} without vectors (a lexical index); {report.seconds:.1f} s in all")
     click.echo(
         f"model {report.model} ({report.dtype}), strategy {report.strategy} ({report.strategy_reason})"
     )
@@ -372,6 +394,8 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         click.echo(f"  {key.replace('_', ' ')}: {value}")
     if report.restored:
         click.echo(f"re-embedded {counted(report.restored, 'chunk')} whose vectors were lost")
+    if report.vectorised:
+        click.echo(f"embedded the {counted(report.vectorised, 'chunk')} the index held without vectors")
     if report.truncated_chunks:
         click.echo(f"{counted(report.truncated_chunks, 'chunk')} cut to --max-length")
     _print_skipped(report.skipped)
@@ -384,7 +408,9 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         click.echo(f"  rebuilt: {report.vector_index_rebuilt}")
     if report.segments_merged:
         click.echo(f"  merged: {report.segments_merged}")
-    if report.tuning:
+    if report.sample and not report.sample.keep_vectors:
+        click.echo(f"note: {report.sample.describe_decision()}")
+    elif report.tuning:
         click.echo(report.tuning.describe())
         if report.tuning.finding():
             click.echo(f"note: {report.tuning.finding()}")
@@ -736,7 +762,7 @@ def embed(
 
 
 @cli.command()
-@_model_option
+@_decoder_option
 @click.option(
     "--texts",
     type=click.Path(path_type=Path),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ragidx.app.answering import DEFAULT_NEW_TOKENS, flagged
 from ragidx.app.lazy_names import lazy_names
-from ragidx.indexer.model.choices import DEFAULT_MODEL, DEVICES, DTYPES, default_model
+from ragidx.indexer.model.choices import DEFAULT_DECODER, DEFAULT_MODEL, DEVICES, DTYPES, default_model
 from ragidx.indexer.roles import ROLES
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
 from ragidx.indexer.search.fusion import METHODS
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CONTEXT_TOKENS",
+    "DEFAULT_DECODER",
     "DEFAULT_MODEL",
     "DEFAULT_NEW_TOKENS",
     "DEVICES",

@@ -13,6 +13,7 @@ import signal
 KILL_POINTS = ("faiss-write", "faiss-renamed", "sqlite-commit")
 MERGE_KILL_POINTS = ("merge-write", "merge-renamed")  # in the background merge's thread
 MILVUS_KILL_POINTS = ("milvus-upsert", "milvus-delete")  # before the commit, after it
+JOURNAL_KILL_POINT = "journal-saved"  # after a build journalled its first group of vectors
 
 
 def checkpoint(name: str) -> None:

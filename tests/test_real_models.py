@@ -202,20 +202,20 @@ def test_the_converted_cache_is_transformers_conversion_rounded_once(name, tmp_p
 
 
 def test_quick_start_on_the_default_model(tmp_path):
-    """The README's quick start with no --model: the default is a packaged decoder that runs offline."""
-    installed("gemma3-270m")
+    """The README's quick start with no --model: the default is a packaged encoder that runs offline."""
+    installed("minilm")
     env = {key: value for key, value in child_env().items() if key != "RAGIDX_MODEL"}
     index = tmp_path / "index"
     built = subprocess.run([RAGIDX, "build", SAMPLE_CORPUS, "--index", index], capture_output=True,
                            text=True, env=env, timeout=900)  # fmt: skip
     assert built.returncode == 0, built.stderr
-    assert "model gemma3-270m" in built.stdout
+    assert "model minilm" in built.stdout
     found = subprocess.run([RAGIDX, "query", "why are there two tides a day?", "--index", index, "--json"],
                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert found.returncode == 0, found.stderr
     assert Path(json.loads(found.stdout)[0]["path"]).name == "tides.md"
     meta = json.loads(ragidx("info", "--index", index, "--json").stdout)
-    assert meta["model"] == "gemma3-270m" and len(meta["model_file"]["sha256"]) == 64
+    assert meta["model"] == "minilm" and meta["strategy"] == "mean" and meta["dense"]
 
 
 def test_a_changed_gguf_file_is_refused_by_query_and_build(tmp_path):

@@ -321,6 +321,7 @@ def evaluate_retrieval(
                     index_dir=target,
                     # Only the tuned hybrid mode reads the weights; a kept index (--index) gets them.
                     tune=options.tune and ("hybrid" in modes or index_dir is not None),
+                    dense=True,  # the vectors are what is measured: no sample decides against them
                 )
                 build([documents], settings)
                 build_seconds = time.perf_counter() - started

@@ -193,6 +193,7 @@ def _embed_on_cluster(
                     if done.records:
                         pending.add(done.records, done.vectors)
                     bar.update(done.documents)
+        embedded.embedded_tokens = embedded.tokens
     except Exception as error:  # a worker failed or the cluster went away: nothing was committed
         raise RagidxError(f"the Ray build failed, the index is unchanged: {_cause(error)}") from None
     embedded.seconds = time.perf_counter() - started

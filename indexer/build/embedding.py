@@ -28,6 +28,8 @@ class Embedded:
     seconds: float = 0.0
     skipped: list[SkippedFile] = field(default_factory=list)
     restored: int = 0  # chunks already indexed whose lost vectors were re-embedded
+    vectorised: int = 0  # chunks of a lexical index embedded as it got vectors (--dense)
+    embedded_tokens: int = 0  # of the chunks' tokens, those this build put through the model
 
     def count(self, record: DocumentRecord) -> None:
         self.documents += 1

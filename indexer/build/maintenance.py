@@ -20,6 +20,7 @@ from ragidx.indexer.wording import counted
 
 if TYPE_CHECKING:
     from ragidx.indexer.strategies import Strategy
+    from ragidx.indexer.strategies.base import ProgressCallback
 
 
 @dataclass
@@ -165,7 +166,10 @@ def _check_fts(writer: IndexWriter, report: CheckReport, repair: bool) -> None:
 def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, device: str) -> None:
     """Vectors must match the chunks one to one and be finite unit vectors; a repair drops the
     extra ones, leaves out parts of the store that are lost or unreadable (segment files), and
-    re-embeds the missing and damaged ones from the chunks' stored text."""
+    re-embeds the missing and damaged ones from the chunks' stored text. An index that keeps no
+    vectors (a lexical index) has none to check."""
+    if not writer.meta.get("dense", True):
+        return
     try:
         inspection = writer.store.inspect(writer.db, writer.meta)
     except RagidxError as error:  # nothing to compare with, nothing a repair could write to
@@ -226,8 +230,10 @@ def unit_vectors(vectors: np.ndarray) -> np.ndarray:
     return np.isfinite(vectors).all(axis=1) & (np.abs(norms - 1) <= UNIT_NORM_TOLERANCE)
 
 
-def reembed(writer: IndexWriter, strategy: Strategy, chunk_ids: np.ndarray) -> np.ndarray:
+def reembed(
+    writer: IndexWriter, strategy: Strategy, chunk_ids: np.ndarray, progress: ProgressCallback | None = None
+) -> np.ndarray:
     """Vectors for chunks already in the index, from their stored text and sentence spans, as the
-    build that stored them computed them."""
+    build that stored them computed them; ``progress`` hears of every forward pass."""
     texts, sentences = writer.stored_chunks(chunk_ids.tolist())
-    return strategy.encode(texts, "document", None, sentences)
+    return strategy.encode(texts, "document", progress, sentences)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -15,9 +16,24 @@ import numpy as np
 from ragidx import __version__
 from ragidx.indexer.build.distributed import WorkerSpec, connect, embed_documents_on_ray
 from ragidx.indexer.build.embedding import Embedded, embed_records, read_record
+from ragidx.indexer.build.journal import EmbeddingJournal, Resumed
 from ragidx.indexer.build.maintenance import reembed
+from ragidx.indexer.build.sampling import (
+    Sample,
+    SampleReport,
+    draw_sample,
+    embed_sample,
+    tune_sample,
+    vectors_help,
+)
 from ragidx.indexer.build.settings import BuildOptions, IndexSettings, resolve
-from ragidx.indexer.build.tuning import TuningReport, build_queries, needs_tuning, tune_and_store
+from ragidx.indexer.build.tuning import (
+    TuningReport,
+    build_queries,
+    lexical_fusion,
+    needs_tuning,
+    tune_and_store,
+)
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.changes import ChangePlan, plan_changes
@@ -33,7 +49,10 @@ from ragidx.indexer.storage.vector_store import StoreSpec
 from ragidx.indexer.storage.writer import Committed, IndexWriter, NextGeneration
 from ragidx.indexer.strategies import Strategy
 
-EMBED_SLICE = 256  # chunks tokenised and embedded per step; bounds memory, not results
+EMBED_SLICE = 256  # chunks tokenised and embedded per step at most; bounds memory, not results
+# A step also ends at this share of the bytes to embed, so that even a small build is journalled
+# in parts (an interrupted build resumes from the last part: .journal).
+JOURNAL_PARTS = 16
 
 
 @dataclass
@@ -63,10 +82,18 @@ class BuildReport:
     tuning: TuningReport | None = None  # when this build tuned the hybrid weights
     restored: int = 0  # chunks whose lost vectors this build re-embedded from their stored text
     fusion: dict[str, Any] | None = None  # the index's hybrid weights and the figures behind them
+    dense: bool = True  # whether the index keeps vectors (False: a lexical index)
+    dense_reason: str = ""
+    vectorised: int = 0  # chunks of a lexical index embedded as it got vectors (--dense)
+    embedded_tokens: int = 0  # of ``tokens``, those put through the model (not resumed, not lexical)
+    sample: SampleReport | None = None  # the sample that decided whether to keep vectors
+    resumed: Resumed | None = None  # what an interrupted build had embedded, taken from its journal
 
     @property
     def vectors_description(self) -> str:
         """Where the vectors are and how they are indexed, in one line."""
+        if not self.dense:
+            return f"none (a lexical index: {self.dense_reason or 'built without them'})"
         return self.store.describe(self.vector_index, self.segments)
 
     @property
@@ -75,7 +102,7 @@ class BuildReport:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens / self.embed_seconds if self.embed_seconds > 0 else 0.0
+        return self.embedded_tokens / self.embed_seconds if self.embed_seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,7 +129,13 @@ class BuildReport:
             "fusion": self.fusion,
             "tuned": self.tuning is not None,
             "restored": self.restored,
+            "dense": self.dense,
+            "dense_reason": self.dense_reason,
+            "vectorised": self.vectorised,
+            "sample": self.sample.to_dict() if self.sample else None,
+            "resumed": self.resumed.to_dict() if self.resumed else None,
             "tokens": self.tokens,
+            "embedded_tokens": self.embedded_tokens,
             "truncated_chunks": self.truncated_chunks,
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
             "seconds": round(self.seconds, 3),
@@ -125,6 +158,9 @@ def build(
     New and changed documents (by SHA-256) are embedded; documents under ``paths`` that are gone
     are removed; documents elsewhere in the index are kept. ``options.rebuild`` re-embeds
     everything and makes the index exactly ``paths``. Settings not given are the index's own.
+    A new index whose options do not ask for vectors embeds a sample first and keeps vectors only
+    where they help (:mod:`.sampling`); what a build embeds is journalled as it goes, so an
+    interrupted build resumes (:mod:`.journal`).
     ``loaded`` keeps the model between builds of one process (``watch``): it holds the last one.
     """
     started = time.perf_counter()
@@ -148,6 +184,15 @@ def build(
                 else None
             )
             return _report(options, writer, plan, scanned.skipped, started, stored, committed)
+        if resolution.stays_lexical and stored is not None:
+            settings = dataclasses.replace(
+                stored, roots=resolution.roots(access), max_file_bytes=access.max_bytes
+            )
+            with writer.next_generation(plan.stale, False, vector_index) as pending:
+                embedded = _add_documents(plan.to_embed, resolution.lexical_chunker(), access, pending)
+                committed = pending.commit({**settings.to_meta(), "ragidx_version": __version__})
+            skipped = scanned.skipped + embedded.skipped
+            return _report(options, writer, plan, skipped, started, settings, committed, embedded)
         # An unreachable cluster is refused before the model loads.
         workers = connect(options.ray, options.ray_workers, options.device) if options.ray else 0
         source = resolve_model(resolution.model)
@@ -164,6 +209,7 @@ def build(
         name, reason = resolution.strategy_name(runtime)
         strategy = resolution.strategy(name, runtime)
         chunker = resolution.chunker(runtime, strategy)
+        dense = resolution.dense
         settings = IndexSettings(
             model=runtime.model_id,
             strategy=name,
@@ -180,39 +226,144 @@ def build(
             store=resolution.store,
             roots=resolution.roots(access),
             max_file_bytes=access.max_bytes,
+            dense=dense is not False,
+            dense_reason=resolution.dense_reason,
         )
         resolution.refuse_incompatible(settings)
-        if stored and not plan.changes_anything and not restructure and not lost:
+        if (
+            stored
+            and not plan.changes_anything
+            and not restructure
+            and not lost
+            and stored.dense == settings.dense
+        ):
             return _report(options, writer, plan, scanned.skipped, started, stored, None)
-        with writer.next_generation(plan.stale, not stored, vector_index, lost, resolution.store) as pending:
-            restored = pending.chunks_without_vectors() if lost else np.zeros(0, np.int64)
-            if lost:  # of the lost parts' chunks, those surviving this build's removals
-                pending.restore(restored, reembed(writer, strategy, restored))
-            if options.ray:
-                spec = WorkerSpec(
-                    source=source,
-                    device=options.device,
-                    dtype=settings.dtype,
-                    trust_remote_code=options.trust_remote_code,
-                    strategy=name,
-                    params=strategy.params,
-                    batch=strategy.batch,
-                    chunker=chunker.settings,
-                    access=access,
-                )
-                embedded = embed_documents_on_ray(
-                    plan.to_embed, spec, options.ray, workers, pending, options.progress
-                )
-            else:
-                embedded = _embed_documents(
-                    plan.to_embed, chunker, strategy, access, pending, options.progress
-                )
-            embedded.restored = len(restored)
-            meta = {**settings.to_meta(), "ragidx_version": __version__}
-            committed = pending.commit(meta)
-        tuning = _tune(options, writer, strategy, fresh=not stored)
+        journal = EmbeddingJournal(writer.directory, settings.to_meta())
+        try:
+            with writer.next_generation(
+                plan.stale, not stored, vector_index, lost, resolution.store
+            ) as pending:
+                vectorise = stored is not None and not stored.dense and settings.dense
+                restored = pending.chunks_without_vectors() if lost or vectorise else np.zeros(0, np.int64)
+                if len(restored):  # lost parts' chunks, or a lexical index's, surviving this build's removals
+                    pending.restore(restored, _reembed(writer, strategy, restored, options.progress))
+                documents, sample = plan.to_embed, None
+                if dense is None and not options.ray:
+                    sample = _decide_on_sample(
+                        documents, chunker, strategy, access, journal, settings, options
+                    )
+                if sample is not None:
+                    documents = sample.drawn.rest
+                    settings = dataclasses.replace(
+                        settings, dense=sample.report.keep_vectors, dense_reason=sample.reason
+                    )
+                    pending.add(sample.drawn.records, sample.vectors if settings.dense else None)
+                if not settings.dense:
+                    embedded = _add_documents(documents, chunker, access, pending)
+                elif options.ray:
+                    spec = WorkerSpec(
+                        source=source,
+                        device=options.device,
+                        dtype=settings.dtype,
+                        trust_remote_code=options.trust_remote_code,
+                        strategy=name,
+                        params=strategy.params,
+                        batch=strategy.batch,
+                        chunker=chunker.settings,
+                        access=access,
+                    )
+                    embedded = embed_documents_on_ray(
+                        documents, spec, options.ray, workers, pending, options.progress
+                    )
+                else:
+                    embedded = _embed_documents(
+                        documents, chunker, strategy, access, pending, options.progress, journal
+                    )
+                if sample is not None:
+                    sample.count_into(embedded)
+                embedded.restored = len(restored) if lost else 0
+                embedded.vectorised = len(restored) if vectorise else 0
+                meta = {**settings.to_meta(), "ragidx_version": __version__}
+                committed = pending.commit(meta)
+        finally:
+            journal.close()
+        journal.discard()
+        if settings.dense:
+            tuning = _tune(options, writer, strategy, fresh=not stored or not stored.dense)
+        else:
+            tuning = sample.report.tuning if sample is not None else None
+            writer.update_meta({"fusion": lexical_fusion(tuning)})
         skipped = scanned.skipped + embedded.skipped
-        return _report(options, writer, plan, skipped, started, settings, committed, embedded, tuning)
+        report = _report(options, writer, plan, skipped, started, settings, committed, embedded, tuning)
+        report.sample = sample.report if sample is not None else None
+        report.resumed = journal.resumed if journal.resumed.documents else None
+        return report
+
+
+@dataclass
+class DecidedSample:
+    """A sample embedded and tuned on (see :mod:`.sampling`), with why the index keeps vectors or not."""
+
+    drawn: Sample
+    vectors: np.ndarray
+    report: SampleReport
+
+    @property
+    def reason(self) -> str:
+        """What the index stores as why it keeps vectors or not."""
+        ndcg = self.report.tuning.ndcg
+        figures = ", ".join(
+            f"{name} {ndcg[name]:.3f}" for name in ("dense", "lexical", "tuned") if name in ndcg
+        )
+        verdict = "helped" if self.report.keep_vectors else "added nothing"
+        return f"the vectors {verdict} on a sample of {self.report.chunks} chunks (nDCG@10 {figures})"
+
+    def count_into(self, embedded: Embedded) -> None:
+        """Add the sample's documents, chunks, tokens and embedding time to the build's account."""
+        for record in self.drawn.records:
+            embedded.count(record)
+        embedded.seconds += self.report.embed_seconds
+        embedded.embedded_tokens += self.report.embedded_tokens
+        embedded.skipped.extend(self.drawn.skipped)
+
+
+def _decide_on_sample(
+    documents: Sequence[SourceDocument],
+    chunker: Chunker,
+    strategy: Strategy,
+    access: FileAccess,
+    journal: EmbeddingJournal,
+    settings: IndexSettings,
+    options: BuildOptions,
+) -> DecidedSample | None:
+    """Embed a sample of ``documents`` and tune on it (:mod:`.sampling`), saying what it found and
+    what the rest costs; None where the corpus is too small for a sample to decide."""
+    drawn = draw_sample(documents, chunker, access)
+    if not drawn.decides:
+        return None
+    vectors, seconds, tokens = embed_sample(drawn, strategy, journal.take, journal.save, options.progress)
+    meta = {**settings.to_meta(), "ragidx_version": __version__}
+    tuning = tune_sample(drawn.records, vectors, meta, strategy, options.device, options.progress)
+    rest_bytes = drawn.total_bytes - drawn.sampled_bytes
+    report = SampleReport(
+        documents=len(drawn.records),
+        chunks=drawn.chunks,
+        tokens=drawn.tokens,
+        embed_seconds=seconds,
+        embedded_tokens=tokens,
+        tuning=tuning,
+        keep_vectors=vectors_help(tuning),
+        rest_documents=len(drawn.rest),
+        rest_tokens=round(drawn.tokens * rest_bytes / max(drawn.sampled_bytes, 1)),
+    )
+    notice(f"{report.describe_sample()}\n{report.describe_decision()}", options.progress)
+    return DecidedSample(drawn, vectors, report)
+
+
+def _reembed(writer: IndexWriter, strategy: Strategy, chunk_ids: np.ndarray, progress: bool) -> np.ndarray:
+    """:func:`reembed` with a progress bar: a lexical index getting vectors embeds all its chunks."""
+    with progress_bar(len(chunk_ids), "embedding", "chunks", progress) as bar:
+        return reembed(writer, strategy, chunk_ids, lambda rows, _tokens: bar.update(rows))
 
 
 def kept_notes(inherited: IndexSettings | None, name: str, strategy: Strategy) -> dict[str, Any]:
@@ -292,6 +443,10 @@ def _report(
         tuning=tuning,
         fusion=writer.meta.get("fusion"),
         restored=embedded.restored if embedded else 0,
+        dense=settings.dense,
+        dense_reason=settings.dense_reason,
+        vectorised=embedded.vectorised if embedded else 0,
+        embedded_tokens=embedded.embedded_tokens if embedded else 0,
     )
 
 
@@ -302,9 +457,12 @@ def _embed_documents(
     access: FileAccess,
     pending: NextGeneration,
     progress: bool,
+    journal: EmbeddingJournal,
 ) -> Embedded:
     """Re-read, chunk and embed ``documents`` a group at a time, handing each group's rows and
-    vectors to ``pending`` at once, so memory holds one group's texts, not the corpus's.
+    vectors to ``pending`` and ``journal`` at once, so memory holds one group's texts, not the
+    corpus's, and an interrupted build loses one group at most. A document whose vectors the
+    journal holds (an interrupted build embedded it) is not embedded again.
 
     A file that became unreadable since the scan is skipped and reported.
     """
@@ -313,6 +471,7 @@ def _embed_documents(
     group: list[DocumentRecord] = []
     fed = done = 0  # templated tokens through the model, chunks embedded: for what is shown
     total = sum(document.size for document in documents)
+    part_bytes = total / JOURNAL_PARTS
     # Progress is counted in bytes of the files, moved on after every forward pass, so the bar
     # moves and its ETA holds however unequal the documents are.
     with progress_bar(total, "embedding", "B", progress, scale=True) as bar:
@@ -334,7 +493,10 @@ def _embed_documents(
             group_bytes = sum(record.source.size for record in group)
             group_chunks = sum(len(record.chunks) for record in group)
             shown = 0.0
-            pending.add(group, embed_records(strategy, group, advance))
+            vectors = embed_records(strategy, group, advance)
+            embedded.embedded_tokens += sum(chunk.token_count for record in group for chunk in record.chunks)
+            journal.save(group, vectors)
+            pending.add(group, vectors)
             bar.update(group_bytes - shown)  # what rounding left
             group.clear()
 
@@ -344,12 +506,33 @@ def _embed_documents(
                 embedded.skipped.append(record)
                 bar.update(document.size)
                 continue
-            group.append(record)
             embedded.count(record)
-            if sum(len(r.chunks) for r in group) >= EMBED_SLICE:
+            kept = journal.take(record)
+            if kept is not None:
+                pending.add([record], kept)
+                bar.update(document.size)
+                continue
+            group.append(record)
+            chunks = sum(len(r.chunks) for r in group)
+            if chunks >= EMBED_SLICE or sum(r.source.size for r in group) >= part_bytes:
                 flush()
         if group:
             flush()
     embedded.seconds = time.perf_counter() - started
     embedded.truncated = strategy.truncated
     return embedded
+
+
+def _add_documents(
+    documents: Sequence[SourceDocument], chunker: Chunker, access: FileAccess, pending: NextGeneration
+) -> Embedded:
+    """Read and chunk ``documents`` into a lexical index (rows, no vectors), one at a time."""
+    added = Embedded()
+    for document in documents:
+        record = read_record(document.path, chunker, access)
+        if isinstance(record, SkippedFile):
+            added.skipped.append(record)
+            continue
+        added.count(record)
+        pending.add([record], None)
+    return added

@@ -19,7 +19,7 @@ from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES, FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.model.batch_size import device_batch
 from ragidx.indexer.model.choices import default_model
-from ragidx.indexer.model.runtime import ModelRuntime, load_runtime
+from ragidx.indexer.model.runtime import ModelRuntime, load_runtime, model_tokenizer
 from ragidx.indexer.model.sources import canonical_model_id, check_same_file, resolve_model
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.location import default_index_dir, no_index
@@ -38,6 +38,8 @@ from ragidx.indexer.wording import excerpt
 
 # Options only some strategies take (each strategy refuses the ones it does not).
 STRATEGY_OPTIONS = tuple(spec.name for spec in OPTION_SPECS)
+DENSE_ASKED = "asked for"  # --dense, or an option that shapes vectors: kept on --rebuild too
+DENSE_REFUSED = "--no-dense"
 MODEL_KEYS = ("model", "model_file", "strategy", "strategy_params")  # what a loaded strategy depends on
 COMPARED_KEYS = ("model", "strategy", "strategy_params", "chunker")  # vectors mix only if these agree
 
@@ -61,6 +63,8 @@ class IndexSettings:
     store: StoreSpec = field(default_factory=lambda: store_from_meta({}))
     roots: tuple[str, ...] = ()  # the real paths of what was indexed: nothing outside is ever read
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    dense: bool = True  # False: a lexical index, whose chunks have no vectors
+    dense_reason: str = ""  # why it keeps vectors or not: DENSE_ASKED, DENSE_REFUSED, or the sample's verdict
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> IndexSettings | None:
@@ -94,6 +98,8 @@ class IndexSettings:
             store=store_from_meta(meta),
             roots=tuple(meta.get("roots") or ()),
             max_file_bytes=int(meta.get("max_file_bytes") or DEFAULT_MAX_FILE_BYTES),
+            dense=bool(meta.get("dense", True)),
+            dense_reason=str(meta.get("dense_reason") or ""),
         )
 
     @classmethod
@@ -176,6 +182,7 @@ class BuildOptions:
     milvus_uri: str | None = None
     milvus_collection: str | None = None
     max_file_mb: float | None = None  # files larger than this are skipped (default: the index's, else 64)
+    dense: bool | None = None  # vectors always (True), never (False), or as a sample decides (None)
 
 
 def split_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -254,6 +261,69 @@ class Resolution:
         return tuple(sorted({*kept, *access.roots}))
 
     @property
+    def vector_options(self) -> list[str]:
+        """The options given that shape vectors, and so ask for them."""
+        given = self.given
+        named = {
+            "--strategy": given.strategy not in (None, "auto"),
+            "strategy options": bool(given.strategy_options),
+            "--document-template": given.document_template is not None,
+            "--query-template": given.query_template is not None,
+            "--max-length": given.max_length is not None,
+            "--ray": bool(given.ray),
+            "--store milvus": given.store == "milvus",
+            "vector index options": any(
+                value is not None
+                for value in (
+                    given.index_type,
+                    given.hnsw_m,
+                    given.ef_construction,
+                    given.ef_search,
+                    given.nlist,
+                    given.nprobe,
+                )
+            ),
+        }
+        return [name for name, asked in named.items() if asked]
+
+    @property
+    def dense(self) -> bool | None:
+        """Whether the index keeps vectors after this build: as ``--dense``/``--no-dense`` or an
+        option that shapes vectors says, else as the index does (a ``--rebuild`` too, where the
+        user chose), else None: a sample decides (:mod:`ragidx.indexer.build.sampling`)."""
+        chosen = self._dense_choice()
+        return chosen[0] if chosen else None
+
+    @property
+    def dense_reason(self) -> str:
+        chosen = self._dense_choice()
+        return chosen[1] if chosen else ""
+
+    def _dense_choice(self) -> tuple[bool, str] | None:
+        given = self.given
+        if given.dense is not None:
+            return given.dense, DENSE_ASKED if given.dense else DENSE_REFUSED
+        if self.vector_options:
+            return True, DENSE_ASKED
+        if self.stored is not None:
+            return self.stored.dense, self.stored.dense_reason
+        inherited = self.inherited
+        if inherited is not None and inherited.dense_reason in (DENSE_ASKED, DENSE_REFUSED):
+            return inherited.dense, inherited.dense_reason
+        return None
+
+    @property
+    def stays_lexical(self) -> bool:
+        """Whether this build adds to a lexical index without changing a setting: it chunks with
+        the model's tokenizer alone and embeds nothing."""
+        return self.stored is not None and self.dense is False and not self.changes_settings
+
+    def lexical_chunker(self) -> Chunker:
+        """The chunker of the lexical index being added to, with its model's tokenizer alone."""
+        assert self.stored is not None
+        return Chunker(model_tokenizer(self.stored.model), **self.stored.chunker)
+
+    @property
     def restructures(self) -> bool:
         """Whether the vector index type or parameters given differ from the index's own."""
         return self.stored is not None and self.vector_index != self.stored.vector_index
@@ -263,6 +333,8 @@ class Resolution:
         """Whether the options name anything that needs the model to compare with the index's settings."""
         given, stored = self.given, self.stored
         if stored is None:
+            return True
+        if self.dense and not stored.dense:  # a lexical index gets vectors
             return True
         if given.model and canonical_model_id(given.model) != stored.model:
             return True
@@ -342,8 +414,17 @@ class Resolution:
         the rest (strategy options, which a strategy resolves against its model: ``--exit-layer -2``
         is stored as 28) once it has."""
         given, stored = self.given, self.stored
+        if given.dense is False and self.vector_options:
+            raise RagidxError(
+                f"--no-dense builds no vectors, so {', '.join(self.vector_options)} would shape nothing: "
+                "give one or the other"
+            )
         if stored is None:
             return
+        if given.dense is False and stored.dense:
+            raise RagidxError(
+                "the index keeps vectors; pass --rebuild with --no-dense to make it a lexical index"
+            )
         shown = []
         if given.model and canonical_model_id(given.model) != stored.model:
             shown.append(f"model {stored.model!r} -> {canonical_model_id(given.model)!r}")

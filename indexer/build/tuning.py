@@ -37,7 +37,7 @@ import numpy as np
 from ragidx.indexer.build.settings import IndexSettings
 from ragidx.indexer.ingest.chunking import Span
 from ragidx.indexer.progress import progress as progress_bar
-from ragidx.indexer.search.engine import Ranked, SearchEngine
+from ragidx.indexer.search.engine import Ranked, SearchEngine, no_vectors
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.reader import IndexReader
 
@@ -127,8 +127,7 @@ class TuningReport:
             return None
         return (
             "on this corpus the vectors added nothing over keyword search, so hybrid search is keyword "
-            "search (queries are not embedded); a stronger embedding model may change that: `--model "
-            "minilm` (an encoder) or a larger decoder (docs/choosing.md)"
+            "search (queries are not embedded); another embedding model may change that (docs/choosing.md)"
         )
 
     def describe(self) -> str:
@@ -340,6 +339,14 @@ def _rankings(
     return rankings
 
 
+def lexical_fusion(measured: TuningReport | None) -> dict[str, Any]:
+    """The fusion an index without vectors stores: keyword search alone, with the figures of the
+    sample that decided it where one did (its tuned dense weight may be up to
+    :data:`NO_VECTORS_WEIGHT`: there are no vectors to weigh now)."""
+    report = measured or TuningReport(Fusion(), 0, 0.0, reason="the index keeps no vectors (--no-dense)")
+    return {**report.to_meta(), "method": "rrf", "weights": Fusion(0.0, 1.0).normalised().weights()}
+
+
 def needs_tuning(meta: Mapping[str, Any], chunks: int) -> bool:
     """Never tuned, or the corpus grew or shrank by more than ``RETUNE_CHANGE`` since: small
     incremental builds keep their weights rather than pay for tuning each time."""
@@ -360,7 +367,10 @@ def tune_and_store(
     """Tune the index ``writer`` holds (its committed generation) and store the weights in its meta.
 
     ``strategy`` reuses a model the build already loaded; without it the index's own is loaded.
+    An index without vectors has nothing to tune.
     """
+    if not writer.meta.get("dense", True):
+        raise no_vectors(writer.meta)
     reader = IndexReader(writer.directory)
 
     @functools.cache

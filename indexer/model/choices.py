@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-DEFAULT_MODEL = "gemma3-270m"  # measured best offline decoder for retrieval: docs/choosing.md
+DEFAULT_MODEL = "minilm"  # measured best per minute of build among the offline models: docs/choosing.md
+DEFAULT_DECODER = "gemma3-270m"  # the best offline decoder (docs/choosing.md): what `calibrate` tunes
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # int8: int8 weights, float32 products
 

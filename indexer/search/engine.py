@@ -30,6 +30,15 @@ Embed = Callable[[Sequence[str]], np.ndarray]
 Result = TypeVar("Result")
 
 
+def no_vectors(meta: dict[str, Any]) -> RagidxError:
+    """The error for a search that reads vectors in an index that keeps none (a lexical index)."""
+    why = meta.get("dense_reason") or "built without them"
+    return RagidxError(
+        f"this index keeps no vectors ({why}): search it with --mode lexical or hybrid (keyword search "
+        "here), or add vectors with `ragidx build PATH... --dense`"
+    )
+
+
 class SearchEngine:
     """Searches an index's newest committed generation; vectors are loaded once per generation."""
 
@@ -101,6 +110,8 @@ class SearchEngine:
             with self.reader.snapshot():
                 self._reread_meta()
                 dense = needs_vectors()
+                if dense and not self.meta.get("dense", True):
+                    raise no_vectors(self.meta)
                 if dense and self._vectors is None:
                     self._vectors = self.reader.load_vectors(self._earlier)
                     if self._vectors is None:

@@ -10,6 +10,7 @@ from ragidx.indexer.errors import RagidxError
 
 DB_NAME = "ragidx.db"
 LOCK_NAME = "build.lock"
+JOURNAL_NAME = "resume.db"  # vectors of a build that has not committed yet (indexer.build.journal)
 DEFAULT_INDEX_DIR = ".ragidx"
 
 

@@ -215,6 +215,11 @@ class MilvusWrite:
         self.stored = VectorIndexSettings.from_meta(meta)
         self.requested = requested
         self.creates = creates  # the collection is new to this index (a new index, or --rebuild)
+        # Connected (and a taken collection refused) now, before the build embeds anything.
+        if creates:
+            store.collection().refuse_taken()
+        else:
+            store.collection()
 
     def kept_ids(self) -> np.ndarray:
         return np.zeros(0, np.int64)  # nothing is lost in Milvus, so nothing is restored

@@ -131,15 +131,19 @@ class MilvusCollection:
         with milvus_errors(self.location):
             self.client.load_collection(self.name)  # a fresh connection finds it released
 
-    def create(self, dimension: int, model: str, settings: VectorIndexSettings) -> None:
-        """A new collection for this index (an existing one is refused: it may be another tool's)."""
-        from pymilvus import DataType, MilvusClient
-
+    def refuse_taken(self) -> None:
+        """Refuse a collection that exists already: it may be another index's or tool's."""
         if self.exists():
             raise RagidxError(
                 f"{self.location.where} already exists (another index's or tool's): "
                 "give --milvus-collection another name, or drop it"
             )
+
+    def create(self, dimension: int, model: str, settings: VectorIndexSettings) -> None:
+        """A new collection for this index (an existing one is refused: it may be another tool's)."""
+        from pymilvus import DataType, MilvusClient
+
+        self.refuse_taken()
         schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("chunk_id", DataType.INT64, is_primary=True)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dimension)

@@ -52,7 +52,7 @@ from ragidx.indexer.storage.lexical import (
     fill_cjk_table,
     remove_cjk_rows,
 )
-from ragidx.indexer.storage.location import DB_NAME, LOCK_NAME
+from ragidx.indexer.storage.location import DB_NAME, JOURNAL_NAME, LOCK_NAME
 from ragidx.indexer.storage.segments import segment_files
 from ragidx.indexer.storage.stores import store_from_meta
 from ragidx.indexer.storage.vector_store import StoreSpec, VectorChange, VectorStore
@@ -75,12 +75,18 @@ def refuse_foreign_folder(directory: Path) -> None:
     /`` or ``--index ~`` (a slip of the keyboard) must not scatter index files among the user's."""
     if not directory.is_dir() or (directory / DB_NAME).exists():
         return
-    others = sorted(name for name in os.listdir(directory) if not name.startswith(".") and name != LOCK_NAME)
+    others = sorted(name for name in os.listdir(directory) if not name.startswith(".") and not _own(name))
     if others:
         named = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise RagidxError(
             f"--index {directory} holds other files ({named}) and no index: give a new or empty folder for it"
         )
+
+
+def _own(name: str) -> bool:
+    """Files an index folder may hold before its first commit: the lock, and the journal of a first
+    build that was interrupted (:mod:`ragidx.indexer.build.journal`)."""
+    return name == LOCK_NAME or name.startswith(JOURNAL_NAME)
 
 
 class IndexWriter:
@@ -169,7 +175,8 @@ class IndexWriter:
         return self._store
 
     def close(self) -> None:
-        """Release the index; a first build that committed nothing leaves nothing it made behind."""
+        """Release the index; a first build that committed nothing leaves nothing it made behind
+        but the journal of what it embedded (the next build resumes from it)."""
         with contextlib.suppress(Exception):
             self.db.close()
         if self._store is not None:
@@ -178,6 +185,8 @@ class IndexWriter:
             return
         if not self.meta.get("generation"):
             for name in set(os.listdir(self.directory)) - self._existing:
+                if name.startswith(JOURNAL_NAME):
+                    continue
                 path = self.directory / name
                 if path.is_dir():  # a store's folder (milvus-lite's)
                     shutil.rmtree(path, ignore_errors=True)
@@ -388,10 +397,11 @@ class NextGeneration:
             self.db.execute(f"delete from chunks where document_id in ({marks})", batch)
             self.db.execute(f"delete from documents where id in ({marks})", batch)
 
-    def add(self, records: Sequence[DocumentRecord], vectors: np.ndarray) -> None:
-        """Insert ``records`` and keep their ``vectors`` (one row per chunk, in record order)."""
+    def add(self, records: Sequence[DocumentRecord], vectors: np.ndarray | None) -> None:
+        """Insert ``records`` and keep their ``vectors`` (one row per chunk, in record order);
+        ``None`` for an index that keeps no vectors (a lexical index)."""
         n_chunks = sum(len(r.chunks) for r in records)
-        if vectors.shape[0] != n_chunks:
+        if vectors is not None and vectors.shape[0] != n_chunks:
             raise ValueError(f"{vectors.shape[0]} vectors for {n_chunks} chunks")
         for record in records:
             document_id = self.db.table("documents").insert(document_row(record, self.now)).last_pk
@@ -404,7 +414,7 @@ class NextGeneration:
                 self.db, ((first + offset, chunk.text) for offset, chunk in enumerate(record.chunks))
             )
             self.next_id += len(record.chunks)
-        if n_chunks:
+        if n_chunks and vectors is not None:
             self.vectors.append(np.asarray(vectors, dtype=np.float32))
             self.ids.append(np.arange(self.next_id - n_chunks, self.next_id, dtype=np.int64))
 

@@ -1,0 +1,200 @@
+"""Decide early whether a new index's vectors are worth their cost: embed a sample, tune on it.
+
+A build spends nearly all its time embedding, and on many corpora tuning then finds that hybrid
+search does best with the vectors weighted 0 (keyword search alone): a newcomer's 35-minute build
+of package READMEs went entirely into vectors no search read. So a new index (or a ``--rebuild``)
+whose options do not ask for vectors embeds a sample first: whole documents drawn in a seeded
+random order until :data:`SAMPLE_CHUNKS` chunks, spread over the corpus. The sample becomes a
+temporary index, tuned on pseudo-queries as a whole index is (:mod:`.tuning`). Where the tuned
+weights switch the vectors off, the build keeps a lexical index and says what it saved; otherwise
+it says what the rest will cost and embeds it, the sample's vectors included as they are.
+
+A corpus whose sample would be most of it (:data:`MAX_SAMPLE_SHARE` of its bytes) is embedded
+whole: deciding then would save little, and tuning the whole index decides as well.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragidx.indexer.build.embedding import embed_records, read_record
+from ragidx.indexer.build.tuning import NO_VECTORS_WEIGHT, TuningReport, build_queries, tune_and_store
+from ragidx.indexer.ingest.access import FileAccess
+from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument
+from ragidx.indexer.progress import progress as progress_bar
+from ragidx.indexer.storage.database import DocumentRecord
+from ragidx.indexer.storage.writer import IndexWriter
+from ragidx.indexer.strategies import Strategy
+from ragidx.indexer.wording import counted
+
+SAMPLE_CHUNKS = 256  # a few hundred chunks: enough pseudo-queries and answers to tune on
+MAX_SAMPLE_SHARE = 0.5  # of the corpus's bytes: a larger sample decides too late to save much
+SEED = 0
+
+
+@dataclass
+class Sample:
+    """Documents drawn for the sample, read and chunked; the rest are left as found."""
+
+    records: list[DocumentRecord]
+    rest: list[SourceDocument]
+    skipped: list[SkippedFile] = field(default_factory=list)
+    sampled_bytes: int = 0
+    total_bytes: int = 0
+
+    @property
+    def decides(self) -> bool:
+        """Whether the sample is small enough beside the corpus for an early decision to pay."""
+        return bool(self.records) and self.sampled_bytes < MAX_SAMPLE_SHARE * self.total_bytes
+
+    @property
+    def chunks(self) -> int:
+        return sum(len(record.chunks) for record in self.records)
+
+    @property
+    def tokens(self) -> int:
+        return sum(chunk.token_count for record in self.records for chunk in record.chunks)
+
+
+def draw_sample(documents: Sequence[SourceDocument], chunker: Chunker, access: FileAccess) -> Sample:
+    """Whole documents in a seeded random order until :data:`SAMPLE_CHUNKS` chunks are drawn (the
+    same corpus draws the same sample, so a resumed build decides as the interrupted one did)."""
+    sample = Sample([], [], total_bytes=sum(document.size for document in documents))
+    drawn: set[int] = set()
+    for position in np.random.default_rng(SEED).permutation(len(documents)):
+        if sample.chunks >= SAMPLE_CHUNKS:
+            break
+        document = documents[int(position)]
+        drawn.add(int(position))
+        sample.sampled_bytes += document.size
+        record = read_record(document.path, chunker, access)
+        if isinstance(record, SkippedFile):
+            sample.skipped.append(record)
+        else:
+            sample.records.append(record)
+    sample.rest = [document for position, document in enumerate(documents) if position not in drawn]
+    return sample
+
+
+@dataclass
+class SampleReport:
+    """What the sample showed, and what the build did about it."""
+
+    documents: int
+    chunks: int
+    tokens: int
+    embed_seconds: float  # embedding the sample's chunks not already in the journal
+    embedded_tokens: int  # the tokens those were
+    tuning: TuningReport
+    keep_vectors: bool
+    rest_documents: int
+    rest_tokens: int  # estimated from the rest's bytes at the sample's tokens per byte
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.embedded_tokens / self.embed_seconds if self.embed_seconds > 0 else 0.0
+
+    @property
+    def rest_seconds(self) -> float | None:
+        """What embedding the rest takes (or would have taken) at the sample's rate."""
+        rate = self.tokens_per_second
+        return self.rest_tokens / rate if rate else None
+
+    def describe_sample(self) -> str:
+        """The sample and its tuning, in one line."""
+        return (
+            f"sample: {counted(self.documents, 'document')}, {counted(self.chunks, 'chunk')} "
+            f"({counted(self.tokens, 'token')}) embedded at {self.tokens_per_second:.0f} tokens/s; "
+            f"{self.tuning.describe()}"
+        )
+
+    def describe_decision(self) -> str:
+        """What the build does with the rest, and what that costs or saves."""
+        cost = f"~{self.rest_tokens:,} tokens" + (
+            f", ~{_duration(self.rest_seconds)}" if self.rest_seconds is not None else ""
+        )
+        rest = counted(self.rest_documents, "other document")
+        if self.keep_vectors:
+            return f"the vectors help on the sample: embedding the {rest} ({cost})"
+        return (
+            f"the vectors added nothing on the sample, so this index keeps none (a lexical index: "
+            f"hybrid search is keyword search); that saves embedding the {rest} ({cost}). "
+            "`ragidx build PATH... --dense` adds them later"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "documents": self.documents,
+            "chunks": self.chunks,
+            "tokens": self.tokens,
+            "embed_seconds": round(self.embed_seconds, 3),
+            "tokens_per_second": round(self.tokens_per_second, 1),
+            "tuning": self.tuning.to_meta(),
+            "keep_vectors": self.keep_vectors,
+            "rest_documents": self.rest_documents,
+            "rest_tokens_estimate": self.rest_tokens,
+            "rest_seconds_estimate": None if self.rest_seconds is None else round(self.rest_seconds, 1),
+        }
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def vectors_help(tuning: TuningReport) -> bool:
+    """Whether tuning gave the vectors any weight (an untuned sample proves nothing: keep them)."""
+    return bool(tuning.reason) or tuning.fusion.normalised().dense > NO_VECTORS_WEIGHT
+
+
+def tune_sample(
+    records: Sequence[DocumentRecord],
+    vectors: np.ndarray,
+    meta: dict[str, Any],
+    strategy: Strategy,
+    device: str,
+    progress: bool,
+) -> TuningReport:
+    """Tune hybrid weights on the sample as a whole index is tuned: the sample is committed to a
+    temporary index (``meta``: the build's settings) that is gone afterwards."""
+    chunks = sum(len(record.chunks) for record in records)
+    with (
+        tempfile.TemporaryDirectory(prefix="ragidx-sample-") as folder,
+        IndexWriter(Path(folder) / "index") as writer,
+    ):
+        writer.commit(records, vectors, meta)
+        return tune_and_store(writer, strategy, build_queries(chunks), device, progress)
+
+
+def embed_sample(
+    sample: Sample,
+    strategy: Strategy,
+    take: Callable[[DocumentRecord], np.ndarray | None],
+    keep: Callable[[Sequence[DocumentRecord], np.ndarray], None],
+    progress: bool,
+) -> tuple[np.ndarray, float, int]:
+    """The sample's vectors (those ``take`` finds in the journal, the rest embedded and handed to
+    ``keep``), the seconds embedding took and the tokens it embedded."""
+    parts: list[np.ndarray | None] = [take(record) for record in sample.records]
+    missing = [record for record, part in zip(sample.records, parts, strict=True) if part is None]
+    started = time.perf_counter()
+    tokens = sum(chunk.token_count for record in missing for chunk in record.chunks)
+    if missing:
+        with progress_bar(sum(len(r.chunks) for r in missing), "sample", "chunks", progress) as bar:
+            fresh = embed_records(strategy, missing, lambda rows, _tokens: bar.update(rows))
+        keep(missing, fresh)
+        found = iter(np.split(fresh, np.cumsum([len(record.chunks) for record in missing])[:-1]))
+        parts = [part if part is not None else next(found) for part in parts]
+    seconds = time.perf_counter() - started
+    dimension = strategy.dimension
+    vectors = np.concatenate([p for p in parts if p is not None]) if parts else np.zeros((0, dimension))
+    return vectors.astype(np.float32, copy=False), seconds, tokens

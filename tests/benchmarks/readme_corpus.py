@@ -1,0 +1,209 @@
+"""A corpus of what a developer has at hand: the long descriptions (READMEs) of installed Python
+packages, one file each, and eight questions a developer would ask of it, written before searching.
+
+Usage:
+  python tests/benchmarks/readme_corpus.py write OUT --set core|held-out
+  python tests/benchmarks/readme_corpus.py check CORPUS [--index DIR] [--model M] [-- BUILD ARGS...]
+  python tests/benchmarks/readme_corpus.py resume CORPUS [--files 20] [--model M] [-- BUILD ARGS...]
+
+``write`` reads the distributions installed beside the Python that runs it: ``core`` is what
+``pip install ragidx`` brings (its requirements, followed through theirs: the corpus a new user
+of a fresh venv has), ``held-out`` every other installed package (the dev, docs and test extras'),
+so questions about it were never seen while tuning the build on the core set.
+
+``check`` times ``ragidx build CORPUS`` (a fresh index, the defaults unless BUILD ARGS say
+otherwise), then asks the eight held-out questions in hybrid mode (the default: the right package
+at rank 1?) and, where the index keeps vectors, in dense mode (in the top 3?).
+
+``resume`` builds ``--files`` files of the corpus whole, then again in a fresh index stopped by
+SIGINT once its progress line shows half the bytes embedded, then runs that build again: the
+share of the whole build's tokens the resumed build embedded (``embedded_tokens`` of
+``build --json``) is what an interruption cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+# Held-out questions (package names as pip spells them, normalised); written from what each
+# package is for, before any search of the corpus. Each answer is the package a developer asking
+# it would want; a tuple accepts any of its packages.
+QUESTIONS: list[tuple[str, tuple[str, ...]]] = [
+    ("how do I serve an ASGI web application with a fast production server?", ("uvicorn",)),
+    ("serialize dataclasses and numpy arrays to JSON quickly", ("orjson",)),
+    ("count the tokens of a text for OpenAI models", ("tiktoken",)),
+    ("automate a real web browser to test my site end to end", ("selenium",)),
+    ("a very fast Python linter and formatter written in Rust", ("ruff",)),
+    ("structured concurrency for async I/O with nurseries", ("trio",)),
+    ("encode and verify JSON Web Tokens", ("pyjwt",)),
+    ("map Python classes to database tables with an ORM and SQL expressions", ("sqlalchemy",)),
+]
+SUFFIXES = {"text/markdown": ".md", "text/x-rst": ".rst"}
+REPOSITORY = Path(__file__).resolve().parents[2]
+RAGIDX = [str(Path(sys.executable).with_name("ragidx"))]  # the console script beside this Python
+
+
+def normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed() -> dict[str, metadata.Distribution]:
+    found: dict[str, metadata.Distribution] = {}
+    for distribution in metadata.distributions():
+        found.setdefault(normalised(distribution.metadata["Name"]), distribution)
+    return found
+
+
+def core(distributions: dict[str, metadata.Distribution]) -> set[str]:
+    """ragidx's requirements without extras, followed through theirs, as installed here."""
+    wanted, seen = ["ragidx"], set()
+    while wanted:
+        name = wanted.pop()
+        if name in seen or name not in distributions:
+            continue
+        seen.add(name)
+        for line in distributions[name].requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                wanted.append(normalised(requirement.name))
+    return seen - {"ragidx"}
+
+
+def write(out: Path, which: str) -> None:
+    distributions = installed()
+    base = core(distributions)
+    names = sorted(base if which == "core" else set(distributions) - base - {"ragidx"})
+    out.mkdir(parents=True, exist_ok=True)
+    written = size = 0
+    for name in names:
+        message = distributions[name].metadata
+        body = message.get_payload() or message.get("Description") or ""
+        if len(body.strip()) < 200:  # a line or two says nothing to search for
+            continue
+        kind = (message.get("Description-Content-Type") or "").split(";")[0].strip()
+        path = out / f"{name}{SUFFIXES.get(kind, '.txt')}"
+        path.write_text(body, encoding="utf-8")
+        written += 1
+        size += len(body.encode())
+    print(f"{written} packages, {size / 1024:.0f} kB -> {out}")
+
+
+def ragidx(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RAGIDX, *args], capture_output=True, text=True, env=env, cwd=REPOSITORY)
+
+
+def built(corpus: Path, index: Path, extra: list[str]) -> tuple[dict, float]:
+    started = time.perf_counter()
+    result = ragidx("build", str(corpus), "--index", str(index), "--rebuild", "--json", *extra)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"build failed: {result.stderr[-2000:]}")
+    return json.loads(result.stdout), seconds
+
+
+def packages(hits: list[dict]) -> list[str]:
+    return [normalised(Path(hit["path"]).stem) for hit in hits]
+
+
+def check(corpus: Path, index: Path, extra: list[str]) -> None:
+    report, seconds = built(corpus, index, extra)
+    print(f"build: {seconds:.1f} s wall, {report['chunks']} chunks, {report['tokens']} tokens")
+    print(
+        f"model {report['model']} ({report['dtype']}), strategy {report['strategy']}, dense {report['dense']}"
+    )
+    if report["sample"]:
+        sample = report["sample"]
+        print(f"sample: {sample['chunks']} chunks, keep vectors {sample['keep_vectors']}, {sample['tuning']}")
+    print(f"fusion: {report['fusion']}")
+    modes = ["hybrid"] + (["dense"] if report["dense"] else [])
+    scores = {mode: 0 for mode in modes}
+    for question, answers in QUESTIONS:
+        row = []
+        for mode in modes:
+            result = ragidx("query", question, "--index", str(index), "--mode", mode, "-k", "3", "--json")
+            if result.returncode != 0:
+                raise SystemExit(f"query failed: {result.stderr[-800:]}")
+            found = packages(json.loads(result.stdout))
+            hit = (
+                bool(found) and found[0] in answers if mode == "hybrid" else any(f in answers for f in found)
+            )
+            scores[mode] += hit
+            row.append(f"{mode} {'+' if hit else '-'} {','.join(found)}")
+        print(f"{question[:60]:<60}  {' | '.join(row)}")
+    print(
+        f"hybrid rank 1: {scores['hybrid']}/{len(QUESTIONS)}"
+        + (f"; dense top 3: {scores['dense']}/{len(QUESTIONS)}" if "dense" in scores else "")
+    )
+
+
+def resume(corpus: Path, files: int, extra: list[str]) -> None:
+    with tempfile.TemporaryDirectory(prefix="ragidx-resume-") as folder:
+        part = Path(folder) / "corpus"
+        part.mkdir()
+        for path in sorted(corpus.iterdir())[:files]:
+            shutil.copy(path, part / path.name)
+        flags = ["--dense", "--no-tune", *extra]
+        whole, _ = built(part, Path(folder) / "whole", flags)
+        print(f"whole build: {whole['embedded_tokens']} tokens embedded in {whole['embed_seconds']:.1f} s")
+        index = Path(folder) / "interrupted"
+        command = [*RAGIDX, "build", str(part), "--index", str(index)]
+        child = subprocess.Popen(
+            [*command, *flags],
+            cwd=REPOSITORY,
+            env={**os.environ, "RAGIDX_PROGRESS_SECONDS": "1"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stderr is not None
+        for line in child.stderr:  # "embedding: 75 kB of 137 kB (55%), ..." once a second
+            done = re.match(r"embedding: .*\((\d+)%\)", line)
+            if done and int(done.group(1)) >= 50:
+                child.send_signal(signal.SIGINT)
+                print(f"stopped at {line.strip()}")
+                break
+        child.communicate()
+        print(f"interrupted: exit {child.wait()}")
+        again, _ = built(part, index, flags)
+        share = again["embedded_tokens"] / max(whole["embedded_tokens"], 1)
+        print(f"resumed: {again['resumed']}")
+        print(f"embedded {again['embedded_tokens']} tokens, {share:.0%} of the whole build's")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    writing = commands.add_parser("write")
+    writing.add_argument("out", type=Path)
+    writing.add_argument("--set", choices=("core", "held-out"), default="held-out")
+    checking = commands.add_parser("check")
+    checking.add_argument("corpus", type=Path)
+    checking.add_argument("--index", type=Path, default=None)
+    resuming = commands.add_parser("resume")
+    resuming.add_argument("corpus", type=Path)
+    resuming.add_argument("--files", type=int, default=20)
+    arguments, extra = parser.parse_known_args()
+    extra = [value for value in extra if value != "--"]
+    if arguments.command == "write":
+        write(arguments.out, arguments.set)
+    elif arguments.command == "check":
+        index = arguments.index or Path(tempfile.mkdtemp(prefix="ragidx-readmes-")) / "index"
+        check(arguments.corpus, index, extra)
+    else:
+        resume(arguments.corpus, arguments.files, extra)
+
+
+if __name__ == "__main__":
+    main()

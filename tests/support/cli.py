@@ -1,0 +1,39 @@
+"""Running the installed ``ragidx`` console script from tests, as a user's shell would."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+RAGIDX = str(Path(sys.executable).parent / "ragidx")
+
+
+def child_env() -> dict[str, str]:
+    """The environment of the moment (conftest points the cache at a temporary folder), offline."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def ragidx(
+    *args: str | Path, check: bool = True, env: dict[str, str] | None = None, **kwargs
+) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [RAGIDX, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**child_env(), **(env or {})},
+        timeout=300,
+        **kwargs,
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, pattern: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]

@@ -1,0 +1,209 @@
+"""The first build of a real corpus: a sample decides whether vectors are kept, a lexical index
+lives without them until asked, and an interrupted build resumes from its journal."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.cli import assert_one_line_error, ragidx
+from support.index_files import stored_vectors
+
+from ragidx.app import Index
+from ragidx.indexer.build import pipeline
+from ragidx.indexer.build.pipeline import BuildOptions, build
+from ragidx.indexer.build.sampling import SAMPLE_CHUNKS, vectors_help
+from ragidx.indexer.build.tuning import TuningReport
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.faults import JOURNAL_KILL_POINT
+from ragidx.indexer.search.fusion import Fusion
+from ragidx.indexer.storage.location import JOURNAL_NAME
+
+CHUNK_TOKENS = 64  # small chunks: a corpus of a few hundred short files is over twice the sample
+QUERIES = ["why are there two tides a day", "how do I reset my password", "lighthouse keepers"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, sample_corpus) -> Path:
+    """400 files of three sentences each, drawn in turn from the sample corpus's sentences."""
+    from bs4 import BeautifulSoup
+
+    sentences = []
+    for path in sorted(p for p in sample_corpus.rglob("*") if p.is_file()):
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".html":
+            text = BeautifulSoup(text, "html.parser").get_text(" ")
+        sentences += [s for s in re.split(r"(?<=[.?!])\s+", " ".join(text.split())) if len(s.split()) >= 5]
+    folder = tmp_path_factory.mktemp("first-build") / "docs"
+    folder.mkdir()
+    for number in range(400):
+        chosen = [sentences[(number * 7 + step * 13) % len(sentences)] for step in range(3)]
+        (folder / f"note-{number:03}.txt").write_text(f"Note {number}. " + " ".join(chosen) + "\n")
+    return folder
+
+
+def options(model: Path | None, index: Path, **extra) -> BuildOptions:
+    """float32, so that how chunks are batched changes no vector; ``model`` None: the index's."""
+    given = {"device": "cpu", "dtype": "float32", "progress": False, "chunk_tokens": CHUNK_TOKENS, **extra}
+    return BuildOptions(index_dir=index, model=model and str(model), **given)
+
+
+@pytest.fixture(scope="module")
+def dense_index(tmp_path_factory, tiny_models, corpus) -> Path:
+    """The corpus with vectors asked for: no sample, every chunk embedded."""
+    index = tmp_path_factory.mktemp("dense") / "index"
+    report = build([corpus], options(tiny_models["llama"], index, dense=True))
+    assert report.sample is None and report.dense and report.embedded_tokens == report.tokens
+    return index
+
+
+def chunk_rows(index: Path) -> list[tuple[str, int, str]]:
+    with sqlite3.connect(index / "ragidx.db") as db:
+        query = "select d.path, c.ordinal, c.text from chunks c join documents d on d.id = c.document_id"
+        return sorted(db.execute(query).fetchall())
+
+
+def assert_same_vectors(index: Path, expected_index: Path) -> None:
+    found, expected = stored_vectors(index), stored_vectors(expected_index)
+    assert found.keys() == expected.keys()
+    for key, (_, vector) in found.items():
+        np.testing.assert_allclose(vector, expected[key][1], atol=1e-5)
+
+
+@pytest.mark.parametrize("helps", [True, False])
+def test_a_new_index_tunes_a_sample_first_and_keeps_vectors_only_where_they_help(
+    helps, tmp_path, tiny_models, corpus, dense_index, monkeypatch
+):
+    seen: list[TuningReport] = []
+
+    def verdict(tuning: TuningReport) -> bool:
+        seen.append(tuning)
+        return helps
+
+    monkeypatch.setattr(pipeline, "vectors_help", verdict)
+    index = tmp_path / "index"
+    report = build([corpus], options(tiny_models["llama"], index))
+    sample = report.sample
+    assert sample is not None and seen == [sample.tuning] and sample.keep_vectors is helps
+    assert SAMPLE_CHUNKS <= sample.chunks < report.chunks / 2 and sample.tuning.queries >= 20
+    assert sample.documents + sample.rest_documents == report.documents == 400
+    rest = report.tokens - sample.tokens
+    assert 0.7 * rest <= sample.rest_tokens <= 1.3 * rest  # estimated from bytes at the sample's rate
+    assert chunk_rows(index) == chunk_rows(dense_index)  # every chunk indexed either way
+    meta = Index.open(index).meta
+    assert meta["dense"] is helps and report.dense is helps
+    if helps:
+        assert_same_vectors(index, dense_index)  # the sample's vectors kept as they are
+        assert report.embedded_tokens == report.tokens and report.tuning is not sample.tuning
+        return
+    assert report.embedded_tokens == sample.tokens  # the rest was never embedded
+    assert meta["fusion"]["weights"] == {"dense": 0.0, "lexical": 1.0}
+    assert meta["fusion"]["ndcg@10"] == {k: round(v, 4) for k, v in sample.tuning.ndcg.items()}
+    with sqlite3.connect(index / "ragidx.db") as db:
+        assert db.execute("select count(*) from segments").fetchone() == (0,)
+    with Index.open(index) as opened:
+        for query in QUERIES:
+            hybrid = opened.search(query, k=5)
+            assert [h.chunk_id for h in hybrid] == [
+                h.chunk_id for h in opened.search(query, k=5, mode="lexical")
+            ]
+        with pytest.raises(RagidxError, match=r"keeps no vectors.*--dense"):
+            opened.search(QUERIES[0], mode="dense")
+    summary = ragidx("build", corpus, "--index", index).stdout
+    assert "vectors: none (a lexical index: the vectors added nothing on a sample of" in summary
+    assert_one_line_error(
+        ragidx("query", "tides", "--index", index, "--mode", "dense", check=False), "--dense"
+    )
+    assert_one_line_error(ragidx("tune", "--index", index, check=False), "keeps no vectors")
+    assert json.loads(ragidx("check", "--index", index, "--json").stdout)["healthy"]
+
+
+def test_the_verdict_is_the_tuned_dense_weight():
+    untuned = TuningReport(Fusion(), 0, 0.0, reason="too few")
+    assert vectors_help(untuned)  # a sample too small to judge proves nothing: vectors kept
+    assert not vectors_help(TuningReport(Fusion(0.05, 0.95), 50, 1.0))
+    assert vectors_help(TuningReport(Fusion(0.1, 0.9), 50, 1.0))
+    assert vectors_help(TuningReport(Fusion(method="minmax"), 50, 1.0))
+
+
+def test_a_small_corpus_or_options_that_ask_for_vectors_embed_everything(
+    tmp_path, tiny_models, corpus, sample_corpus
+):
+    small = build([sample_corpus], options(tiny_models["llama"], tmp_path / "small"))
+    assert small.sample is None and small.dense and small.embedded_tokens == small.tokens
+    asked = build([corpus], options(tiny_models["llama"], tmp_path / "asked", strategy="mean"))
+    assert asked.sample is None and asked.dense and asked.embedded_tokens == asked.tokens
+
+
+def test_a_lexical_index_adds_files_without_the_model_and_gets_vectors_when_asked(
+    tmp_path, tiny_models, corpus, dense_index, monkeypatch
+):
+    index = tmp_path / "index"
+    given = build([corpus], options(tiny_models["llama"], index, dense=False))
+    assert given.sample is None and not given.dense and given.embedded_tokens == 0
+    assert Index.open(index).meta["dense_reason"] == "--no-dense"
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "late.txt").write_text("A late note about the lighthouse keeper and the tides.\n")
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("a lexical index loaded the model")
+
+    monkeypatch.setattr(pipeline, "load_runtime", refused)
+    added = build([extra], options(None, index, chunk_tokens=None))
+    assert added.documents == 1 and not added.dense
+    monkeypatch.undo()
+    assert (
+        Index.open(index)
+        .search("lighthouse keeper late note", k=1, mode="lexical")[0]
+        .path.endswith("late.txt")
+    )
+    with Index.open(index) as opened:
+        opened.remove([extra / "late.txt"])
+    vectorised = build([corpus], options(tiny_models["llama"], index, dense=True))
+    assert vectorised.dense and vectorised.vectorised == len(chunk_rows(index)) and vectorised.tuning
+    assert_same_vectors(index, dense_index)
+    assert Index.open(index).meta["dense_reason"] == "asked for"
+
+
+def test_no_dense_is_refused_where_it_would_drop_vectors_or_shape_none(tmp_path, tiny_models, dense_index):
+    refused = ragidx("build", "x", "--index", dense_index, "--no-dense", check=False)
+    assert_one_line_error(refused, "keeps vectors; pass --rebuild with --no-dense")
+    model = tiny_models["llama"]
+    both = ragidx("build", "x", "--index", tmp_path / "i", "--model", model, "--no-dense",
+                  "--strategy", "mean", check=False)  # fmt: skip
+    assert_one_line_error(both, "--no-dense builds no vectors, so --strategy would shape nothing")
+
+
+def test_a_killed_build_resumes_from_its_journal_and_the_previous_index_stays(
+    tmp_path, tiny_models, corpus, dense_index, sample_corpus
+):
+    model, index = tiny_models["llama"], tmp_path / "index"
+    flags = ("--model", model, "--index", index, "--dtype", "float32", "--chunk-tokens", CHUNK_TOKENS)
+    ragidx("build", sample_corpus, *flags)
+    before = ragidx("query", "tides", "--index", index, "--json").stdout
+    killed = ragidx("build", corpus, *flags, "--rebuild", "--dense", "--no-tune", check=False,
+                    env={"RAGIDX_KILL_AT": JOURNAL_KILL_POINT})  # fmt: skip
+    assert killed.returncode == -9 and (index / JOURNAL_NAME).is_file()
+    assert ragidx("query", "tides", "--index", index, "--json").stdout == before  # the old index answers
+    resumed = json.loads(ragidx("build", corpus, *flags, "--rebuild", "--dense", "--json").stdout)
+    done = resumed["resumed"]
+    assert 0 < done["chunks"] < resumed["chunks"] and done["documents"] < 400
+    assert resumed["embedded_tokens"] == resumed["tokens"] - done["tokens"]
+    assert not (index / JOURNAL_NAME).exists()
+    assert_same_vectors(index, dense_index)
+
+
+def test_a_journal_of_other_settings_is_not_taken(tmp_path, tiny_models, corpus):
+    model, index = tiny_models["llama"], tmp_path / "index"
+    flags = ("--model", model, "--index", index, "--dtype", "float32", "--dense", "--no-tune")
+    killed = ragidx("build", corpus, *flags, "--chunk-tokens", CHUNK_TOKENS, check=False,
+                    env={"RAGIDX_KILL_AT": JOURNAL_KILL_POINT})  # fmt: skip
+    assert killed.returncode == -9 and (index / JOURNAL_NAME).is_file()
+    again = json.loads(ragidx("build", corpus, *flags, "--chunk-tokens", CHUNK_TOKENS + 8, "--json").stdout)
+    assert again["resumed"] is None and again["embedded_tokens"] == again["tokens"]
+    assert "resumed" not in ragidx("build", corpus, *flags).stdout
