@@ -597,10 +597,7 @@ def query(
         else:
             click.echo(printable_text(found["text"]))
         return
-    answer = opened.answer(
-        {"op": "search", "query": text, "options": given},
-        lambda index: {"hits": [hit.to_dict() for hit in index.search(text, **given)]},
-    )
+    answer = opened.answer({"op": "search", "query": text, "options": given})
     hits = [api.hit_from_dict(hit) for hit in answer["hits"]]
     if as_json:
         _print_json([hit.to_dict() for hit in hits])
@@ -674,7 +671,6 @@ def ask(
     stream = None if as_json else (lambda text: click.echo(printable_text(text), nl=False))
     found = IndexRequest(directory, device, dtype, None, None, no_daemon).answer(
         {"op": "ask", "query": question, "options": given, "ask": settings},
-        lambda index: {"answer": index.ask(question, **given, **settings, on_text=stream).to_dict()},
         on_event=(lambda event: stream(event["text"])) if stream else None,
     )["answer"]
     if as_json:
@@ -750,10 +746,7 @@ def embed(
             raise RagidxError("strategy options come from the index; give them with --model, not --index")
         directory = os.path.abspath(index_dir or api.default_index_dir())
         opened = IndexRequest(directory, device, dtype, model, strategy, no_daemon)
-        vectors = opened.answer(
-            {"op": "embed", "texts": items, "role": role},
-            lambda index: {"vectors": index.embed(items, role).tolist()},
-        )["vectors"]
+        vectors = opened.answer({"op": "embed", "texts": items, "role": role})["vectors"]
     if as_json:
         click.echo(json.dumps(vectors))
     else:
@@ -927,6 +920,13 @@ def daemon_status(as_json: bool) -> None:
     for index in found["indexes"]:
         dtype = index["dtype"] or "the index's own"
         click.echo(f"  {index['index']} (device {index['device']}, dtype {dtype})")
+    jobs = found.get("jobs", [])
+    click.echo(f"  model work: {counted(len(jobs), 'job')} (at most {found.get('max_jobs', '?')})")
+    for job in jobs:
+        click.echo(
+            f"    {job['state']:<8} {job['client']}: {job['operation']} {job['index']} "
+            f"({job['seconds']:.1f} s, {job['slices']} slices, {job['model_seconds']:.1f} s of model)"
+        )
 
 
 @daemon.command(name="stop")
@@ -1326,7 +1326,7 @@ def serve(
         from ragidx.app.server import create_app, is_loopback, listening_socket, loopback_hosts, run
     except ImportError as error:
         raise _missing_extra("serve", "server", error) from None
-    from ragidx.app.model_thread import ModelThread
+    from ragidx.app.scheduler import Scheduler
 
     if token_file is not None:
         token = _read_token(token_file, token)
@@ -1341,16 +1341,20 @@ def serve(
         raise RagidxError("--model serves a model without an index; an --index serves its own model")
     hosts = [*allowed_hosts, *(loopback_hosts() if is_loopback(host) else ["*"])]
     sock = listening_socket(host, port)
-    on_model = ModelThread()  # the model is loaded, and used, on this thread alone
+    scheduler = Scheduler()  # the model is loaded, and used, on its thread alone
     served: Any
-    if model:
-        options = {"device": device, "dtype": dtype or "auto", "trust_remote_code": trust_remote_code}
-        served = on_model.run(api.Embedder, model, strategy, **options)
-        what = f"{served.model} ({served.strategy.name}) embeddings"
-    else:
-        served = api.Index.open(index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        on_model.run(lambda: served.strategy)  # load the model once, before the first request
-        what = str(served.reader.directory)
+    with scheduler.job("serve", "load") as job:
+        if model:
+            options = {"device": device, "dtype": dtype or "auto", "trust_remote_code": trust_remote_code}
+            served = scheduler.run(job, api.Embedder, model, strategy, **options)
+            what = f"{served.model} ({served.strategy.name}) embeddings"
+        else:
+            served = api.Index.open(
+                index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code
+            )
+            if served.meta.get("dense", True):  # loaded once, before the first request that needs it
+                scheduler.run(job, lambda: served.strategy)
+            what = str(served.reader.directory)
     address = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     guarded = f"; requests need the bearer token (the search page: {address}#token=TOKEN)" if token else ""
     click.echo(f"serving {what} on {address}{guarded}", err=True)
@@ -1361,7 +1365,7 @@ def serve(
         allowed_hosts=hosts,
         llm=llm,
         llm_url=llm_url,
-        model_thread=on_model,
+        scheduler=scheduler,
     )
     run(app, sock)
 

@@ -38,7 +38,13 @@ UNFINGERPRINTED = {
 
 
 class DaemonUnavailable(Exception):
-    """No daemon can be used here (the socket folder is not private, or one would not start)."""
+    """No daemon can be used here (the socket folder is not private, or one would not start), or
+    the one asked stopped answering; ``partial``: after it had sent part of a streamed answer
+    (which then must not be asked again here: it would be printed twice)."""
+
+    def __init__(self, message: str, partial: bool = False):
+        super().__init__(message)
+        self.partial = partial
 
 
 def wanted(no_daemon: bool) -> bool:

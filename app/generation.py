@@ -9,24 +9,33 @@ Answers are greedy (the same question gives the same answer) and streamed piece 
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.client
 import json
 import os
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from ragidx.app.answering import Answer
+from ragidx.app.scheduler import Cancelled
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.int8_weights import hold_int8
 from ragidx.indexer.model.runtime import ModelRuntime, load_runtime
+from ragidx.indexer.search.context import Context
 
 Message = dict[str, str]
 API_KEY_VARIABLES = ("RAGIDX_LLM_API_KEY", "OPENAI_API_KEY")  # the endpoint's key, first one set
 ENDPOINT_SECONDS = 300.0  # for an endpoint to send the next piece of its answer
+MAX_LINE_BYTES = 1 << 20  # one server-sent event line
+MAX_ANSWER_BYTES_PER_TOKEN = 64  # an answer's bytes, per token asked for
+CANCEL_POLL_SECONDS = 0.2  # a cancelled or overdue chat request is closed within this
 
 
 @dataclass
@@ -38,14 +47,31 @@ class Generated:
     first_token_seconds: float | None
     seconds: float
 
+    def answer(self, question: str, model: str, context: Context | None) -> Answer:
+        """The answer this text gives to ``question`` from ``context``, with what it cites."""
+        return Answer.of(
+            question,
+            self.text,
+            model,
+            context,
+            new_tokens=self.new_tokens,
+            first_token_seconds=self.first_token_seconds,
+            seconds=self.seconds,
+        )
+
 
 class Generator(Protocol):
     name: str
 
     def generate(
-        self, messages: Sequence[Message], max_new_tokens: int, on_text: Callable[[str], None]
+        self,
+        messages: Sequence[Message],
+        max_new_tokens: int,
+        on_text: Callable[[str], None],
+        cancel: threading.Event | None = None,
     ) -> Generated:
-        """Answer ``messages``, passing each new piece of text to ``on_text`` as it comes."""
+        """Answer ``messages``, passing each new piece of text to ``on_text`` as it comes; stop
+        early once ``cancel`` is set."""
         ...
 
 
@@ -82,59 +108,97 @@ class LocalGenerator:
         return cls(load_runtime(model, device, dtype))
 
     def generate(
-        self, messages: Sequence[Message], max_new_tokens: int, on_text: Callable[[str], None]
+        self,
+        messages: Sequence[Message],
+        max_new_tokens: int,
+        on_text: Callable[[str], None],
+        cancel: threading.Event | None = None,
     ) -> Generated:
-        import torch
-        from transformers import TextIteratorStreamer
+        decoding = self.start(messages, max_new_tokens)
+        while (piece := decoding.step()) is not None:
+            if cancel is not None and cancel.is_set():
+                break
+            if piece:
+                on_text(piece)
+        return decoding.result()
 
-        tokenizer = self.runtime.tokenizer
+    def start(self, messages: Sequence[Message], max_new_tokens: int) -> Decoding:
+        """An answer to be written a token at a time (see :class:`Decoding`)."""
+        return Decoding(self, messages, max_new_tokens)
+
+
+@functools.cache
+def cache_field() -> str:
+    """The key-value cache's argument and output field: ``cache`` in transformers 5.24 and later,
+    ``past_key_values`` before (and deprecated since)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+class Decoding:
+    """An answer written greedily, one token per :meth:`step`: each step is one forward pass over
+    one new token (the prompt's in the first), short enough to be a slice of the scheduler's
+    (:mod:`ragidx.app.scheduler`), which runs other clients' work between them. The key-value
+    cache is this answer's own."""
+
+    def __init__(self, generator: LocalGenerator, messages: Sequence[Message], max_new_tokens: int):
+        tokenizer = generator.runtime.tokenizer
         prompt = tokenizer.apply_chat_template(
-            list(messages), chat_template=self.template, add_generation_prompt=True, tokenize=False
+            list(messages), chat_template=generator.template, add_generation_prompt=True, tokenize=False
         )
-        ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(
-            self.runtime.device
+        self.pending = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(
+            generator.runtime.device
         )
-        streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        failed: list[BaseException] = []
+        self.model = generator.model
+        self.tokenizer = tokenizer
+        self.stops = set(stop_ids(tokenizer))
+        self.max_new_tokens = max_new_tokens
+        self.tokens: list[int] = []
+        self.cache: Any = None
+        self.shown = ""  # the text handed out so far
+        self.finished = False
+        self.started = time.perf_counter()
+        self.first: float | None = None
 
-        def run() -> None:
-            try:
-                with torch.inference_mode():
-                    self.model.generate(
-                        input_ids=ids,
-                        attention_mask=torch.ones_like(ids),
-                        max_new_tokens=max_new_tokens,
-                        do_sample=False,
-                        streamer=streamer,
-                        pad_token_id=tokenizer.pad_token_id,
-                        eos_token_id=stop_ids(tokenizer),
-                    )
-            except BaseException as error:  # re-raised in the caller's thread
-                failed.append(error)
-                streamer.end()
+    def step(self) -> str | None:
+        """Write the next token: the text it completes ('' while a character is unfinished), or
+        None once the answer is finished (an end token, or ``max_new_tokens`` written)."""
+        import torch
 
-        started = time.perf_counter()
-        worker = threading.Thread(target=run, name="ragidx-generate", daemon=True)
-        worker.start()
-        text, first = _collect(streamer, on_text, started)
-        worker.join()
-        if failed:
-            raise failed[0]
-        new_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
-        return Generated(text, new_tokens, first, time.perf_counter() - started)
+        if self.finished:
+            return None
+        field = cache_field()
+        with torch.inference_mode():
+            out = self.model(input_ids=self.pending, use_cache=True, logits_to_keep=1, **{field: self.cache})
+        self.cache = getattr(out, field)
+        token = int(out.logits[0, -1].argmax())
+        if token in self.stops:
+            self.finished = True
+            return self._rest()
+        self.tokens.append(token)
+        self.pending = torch.tensor([[token]], device=self.pending.device)
+        self.finished = len(self.tokens) >= self.max_new_tokens
+        return self._rest()
 
+    def _rest(self) -> str:
+        """The decoded text not handed out yet, held back while it ends in half a character."""
+        text = self.text()
+        if text.endswith("\ufffd") and not self.finished:
+            return ""
+        piece = text[len(self.shown) :] if text.startswith(self.shown) else ""
+        self.shown = text if text.startswith(self.shown) else self.shown
+        if piece and self.first is None:
+            self.first = time.perf_counter() - self.started
+        return piece
 
-def _collect(
-    pieces: Iterator[str], on_text: Callable[[str], None], started: float
-) -> tuple[str, float | None]:
-    """Pass each non-empty piece on as it comes; the whole text and when its first piece came."""
-    text, first = "", None
-    for piece in pieces:
-        if piece:
-            first = first if first is not None else time.perf_counter() - started
-            text += piece
-            on_text(piece)
-    return text, first
+    def text(self) -> str:
+        return str(
+            self.tokenizer.decode(self.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        )
+
+    def result(self) -> Generated:
+        return Generated(self.shown, len(self.tokens), self.first, time.perf_counter() - self.started)
 
 
 def stop_ids(tokenizer: Any) -> list[int]:
@@ -190,7 +254,16 @@ def _head_weight(runtime: ModelRuntime) -> Any:
 
 
 class ChatEndpoint:
-    """An OpenAI-compatible chat completions endpoint, streamed (server-sent events)."""
+    """An OpenAI-compatible chat completions endpoint, streamed (server-sent events).
+
+    Its answer is read with no model held (a server runs it outside its scheduler) and within
+    bounds ragidx keeps itself, whatever the endpoint does: :data:`ENDPOINT_SECONDS` of silence,
+    :func:`total_seconds` in all, ``max_new_tokens`` pieces of text (an endpoint may ignore
+    ``max_tokens``), :data:`MAX_LINE_BYTES` a line and :data:`MAX_ANSWER_BYTES_PER_TOKEN` bytes
+    per token asked for. ``cancel`` (a client that went away) closes the request within
+    :data:`CANCEL_POLL_SECONDS`. A redirect is refused, not followed: following it would send the
+    key to another host.
+    """
 
     def __init__(self, url: str, model: str | None, api_key: str | None = None):
         self.url = url.rstrip("/")
@@ -198,7 +271,11 @@ class ChatEndpoint:
         self.api_key = api_key or next((os.environ[v] for v in API_KEY_VARIABLES if os.environ.get(v)), None)
 
     def generate(
-        self, messages: Sequence[Message], max_new_tokens: int, on_text: Callable[[str], None]
+        self,
+        messages: Sequence[Message],
+        max_new_tokens: int,
+        on_text: Callable[[str], None],
+        cancel: threading.Event | None = None,
     ) -> Generated:
         body = {
             "model": self.name,
@@ -211,28 +288,114 @@ class ChatEndpoint:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(
-            f"{self.url}/chat/completions", data=json.dumps(body).encode(), headers=headers
-        )
         started = time.perf_counter()
+        stop = Stop(cancel, total_seconds(max_new_tokens))
         usage: dict[str, Any] = {}
+        text, first, pieces = "", None, 0
+        connection = self._connection()
         try:
-            with urllib.request.urlopen(request, timeout=ENDPOINT_SECONDS) as response:
-                text, first = _collect(_events(response, usage), on_text, started)
-        except urllib.error.HTTPError as error:
-            raise RagidxError(
-                f"the chat endpoint {self.url} answered {error.code}: {_reason(error)}"
-            ) from None
-        except (urllib.error.URLError, OSError) as error:
+            stop.watch(connection)
+            connection.request("POST", self._path("/chat/completions"), json.dumps(body).encode(), headers)
+            response = connection.getresponse()
+            self._refuse_status(response)
+            for piece in _events(response, usage):
+                if not piece:
+                    continue
+                first = first if first is not None else time.perf_counter() - started
+                text += piece
+                on_text(piece)
+                pieces += 1
+                if (
+                    pieces >= max_new_tokens
+                    or len(text.encode()) > MAX_ANSWER_BYTES_PER_TOKEN * max_new_tokens
+                ):
+                    break  # an endpoint that ignores max_tokens is held to it here
+        except (OSError, http.client.HTTPException) as error:
+            stop.raise_if_stopped(self.url)
             reason = getattr(error, "reason", None) or error
             raise RagidxError(f"cannot reach the chat endpoint {self.url}: {reason}") from None
-        return Generated(text, int(usage.get("completion_tokens") or 0), first, time.perf_counter() - started)
+        finally:
+            stop.done()
+            connection.close()
+        stop.raise_if_stopped(self.url)
+        tokens = int(usage.get("completion_tokens") or pieces)
+        return Generated(text, tokens, first, time.perf_counter() - started)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise RagidxError(f"--llm-url {self.url} is not an http:// or https:// address")
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        return kind(parts.hostname, parts.port, timeout=ENDPOINT_SECONDS)
+
+    def _path(self, route: str) -> str:
+        parts = urllib.parse.urlsplit(self.url)
+        return parts.path.rstrip("/") + route + (f"?{parts.query}" if parts.query else "")
+
+    def _refuse_status(self, response: http.client.HTTPResponse) -> None:
+        if 300 <= response.status < 400:
+            raise RagidxError(
+                f"the chat endpoint {self.url} redirected to {response.getheader('Location', '?')[:200]}: "
+                "give --llm-url that address (a redirect is not followed: it would send the key elsewhere)"
+            )
+        if response.status >= 400:
+            raise RagidxError(f"the chat endpoint {self.url} answered {response.status}: {_reason(response)}")
 
 
-def _events(response: Any, usage: dict[str, Any]) -> Iterator[str]:
+class Stop:
+    """Ends a chat request when its client goes away (``cancel``) or its time is up: a watcher
+    thread shuts its socket down, which ends a read blocked on it at once."""
+
+    def __init__(self, cancel: threading.Event | None, seconds: float):
+        self.cancel = cancel or threading.Event()
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.finished = threading.Event()
+        self.why: str | None = None
+
+    def watch(self, connection: http.client.HTTPConnection) -> None:
+        connection.connect()
+        sock = connection.sock
+
+        def watcher() -> None:
+            while not self.finished.wait(CANCEL_POLL_SECONDS):
+                if self.cancel.is_set() or time.monotonic() >= self.deadline:
+                    self.why = "cancelled" if self.cancel.is_set() else "deadline"
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    return
+
+        threading.Thread(target=watcher, name="ragidx-chat-watch", daemon=True).start()
+
+    def done(self) -> None:
+        self.finished.set()
+
+    def raise_if_stopped(self, url: str) -> None:
+        if self.why == "cancelled" or self.cancel.is_set():
+            raise Cancelled
+        if self.why == "deadline":
+            raise RagidxError(f"the chat endpoint {url} did not finish its answer in {self.seconds:g} s")
+
+
+def total_seconds(max_new_tokens: int) -> float:
+    """The longest a chat request may take: ``$RAGIDX_LLM_SECONDS``, else a minute plus a second
+    per token asked for (a slow CPU server writes a few tokens a second)."""
+    given = os.environ.get("RAGIDX_LLM_SECONDS", "").strip()
+    try:
+        seconds = float(given) if given else 60.0 + max_new_tokens
+    except ValueError:
+        raise RagidxError(f"RAGIDX_LLM_SECONDS={given!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise RagidxError(f"RAGIDX_LLM_SECONDS={given!r} is not a number of seconds")
+    return seconds
+
+
+def _events(response: http.client.HTTPResponse, usage: dict[str, Any]) -> Iterator[str]:
     """The text pieces of a streamed chat completion (``data:`` lines until ``[DONE]``); the usage
-    the endpoint reports at the end goes into ``usage``."""
-    for raw in response:
+    the endpoint reports at the end goes into ``usage``. Events of another shape are refused."""
+    while raw := response.readline(MAX_LINE_BYTES + 1):
+        if len(raw) > MAX_LINE_BYTES:
+            raise RagidxError(f"the chat endpoint sent a line longer than {MAX_LINE_BYTES} bytes")
         line = raw.decode("utf-8", "replace").strip()
         if not line.startswith("data:"):
             continue
@@ -243,18 +406,32 @@ def _events(response: Any, usage: dict[str, Any]) -> Iterator[str]:
             event = json.loads(data)
         except ValueError:
             raise RagidxError(f"the chat endpoint sent something that is not JSON: {data[:80]!r}") from None
+        if not isinstance(event, dict):
+            raise RagidxError(f"the chat endpoint sent an event that is not an object: {data[:80]!r}")
         if event.get("error"):
             raise RagidxError(f"the chat endpoint failed: {_message(event['error'])}")
-        usage.update(event.get("usage") or {})
-        for choice in event.get("choices") or []:
-            yield (choice.get("delta") or {}).get("content") or ""
+        if isinstance(event.get("usage"), dict):
+            usage.update(event["usage"])
+        yield from _contents(event, data)
 
 
-def _reason(error: urllib.error.HTTPError) -> str:
+def _contents(event: dict[str, Any], data: str) -> Iterator[str]:
+    choices = event.get("choices") or []
+    if not isinstance(choices, list):
+        raise RagidxError(f"the chat endpoint sent choices that are not a list: {data[:80]!r}")
+    for choice in choices:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        content = delta.get("content") if isinstance(delta, dict) else None
+        if content is not None and not isinstance(content, str):
+            raise RagidxError(f"the chat endpoint sent content that is not text: {data[:80]!r}")
+        yield content or ""
+
+
+def _reason(response: http.client.HTTPResponse) -> str:
     try:
-        return _message(json.loads(error.read().decode("utf-8", "replace")).get("error"))
-    except (ValueError, AttributeError):
-        return str(error.reason)
+        return _message(json.loads(response.read(MAX_LINE_BYTES).decode("utf-8", "replace")).get("error"))
+    except (ValueError, AttributeError, OSError):
+        return str(response.reason)
 
 
 def _message(error: Any) -> str:

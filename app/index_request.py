@@ -1,4 +1,5 @@
-"""One request on an index, answered by the per-user daemon where one can be had, else here.
+"""One request on an index, answered by the per-user daemon where one can be had, else here, through
+the same table of operations (:mod:`ragidx.app.operations`) either way.
 
 The CLI's ``query``, ``ask`` and ``embed --index`` and the ``llm`` plugin
 (:mod:`ragidx.app.integrations.llm_plugin`) all run in short-lived processes, where loading the
@@ -7,16 +8,15 @@ model would cost seconds per call; the daemon holds it loaded (see :mod:`ragidx.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import ragidx.app as api  # its Index is imported on first use: the model stack, where no daemon answers
 from ragidx.app import daemon_address, daemon_client
 from ragidx.indexer.errors import RagidxError
 
-if TYPE_CHECKING:
-    from ragidx.app.retriever import Index
+Event = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -31,49 +31,55 @@ class IndexRequest:
     strategy: str | None
     no_daemon: bool
 
-    def answer(
-        self,
-        request: dict[str, Any],
-        local: Callable[[Index], dict[str, Any]],
-        on_event: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, Any]:
-        """The daemon's answer to ``request`` (``on_event`` gets what a streamed one sends on the
-        way), or ``local(index)`` on the index opened here."""
-        answer = self._through_daemon(
-            {
-                **request,
-                "index": self.directory,
-                "device": self.device,
-                "dtype": self.dtype,
-                "model": self.model,
-                "strategy": self.strategy,
-            },
-            on_event,
-        )
-        if answer is not None:
-            return answer
-        with api.Index.open(self.directory, device=self.device, dtype=self.dtype) as index:
-            index.check_compatible(self.model, self.strategy)
-            return local(index)
+    def answer(self, request: dict[str, Any], on_event: Event | None = None) -> dict[str, Any]:
+        """The answer to ``request`` (an operation of :mod:`ragidx.app.operations`): the daemon's,
+        or this process's where none can be had; ``on_event`` gets what a streamed one sends on
+        the way. A daemon that stops after part of a streamed answer is reported, not asked again
+        here: the part already printed would be printed twice."""
+        asked = {
+            **request,
+            "index": self.directory,
+            "device": self.device,
+            "dtype": self.dtype,
+            "model": self.model,
+            "strategy": self.strategy,
+        }
+        answer = self._through_daemon(asked, on_event)
+        return answer if answer is not None else self._here(asked, on_event)
 
     def context(self, query: str, options: dict[str, Any], **wanted: Any) -> dict[str, Any]:
         """``Index.context(query, **options, **wanted)`` as a dict: the passages for a prompt
         (``ragidx query --context``, the ``llm`` plugin)."""
         request = {"op": "context", "query": query, "options": options, "context": wanted}
+        return dict(self.answer(request)["context"])
 
-        def local(index: Index) -> dict[str, Any]:
-            return {"context": index.context(query, **options, **wanted).to_dict()}
+    def _here(self, request: dict[str, Any], on_event: Event | None) -> dict[str, Any]:
+        """The answer computed in this process, by the same operations the daemon runs."""
+        from ragidx.app.operations import dispatch
+        from ragidx.app.retriever import Index
+        from ragidx.app.scheduler import Scheduler
+        from ragidx.app.served_index import ServedIndex
 
-        return dict(self.answer(request, local)["context"])
+        with (
+            Scheduler() as scheduler,
+            Index.open(self.directory, device=self.device, dtype=self.dtype) as index,
+        ):
+            served = ServedIndex(index, scheduler)
+            with scheduler.job(f"pid {os.getpid()}", str(request.get("op"))) as job:
+                return dispatch(served, request, job, on_event or (lambda found: None))
 
-    def _through_daemon(
-        self, request: dict[str, Any], on_event: Callable[[dict[str, Any]], None] | None
-    ) -> dict[str, Any] | None:
+    def _through_daemon(self, request: dict[str, Any], on_event: Event | None) -> dict[str, Any] | None:
         if not daemon_address.wanted(self.no_daemon):
             return None
         try:
             answer = daemon_client.ask(request, on_event=on_event)
-        except (daemon_address.DaemonUnavailable, OSError, ValueError):
+        except daemon_address.DaemonUnavailable as error:
+            if error.partial:
+                raise RagidxError(
+                    f"{error} after part of its answer (above): that part is all there is; ask again"
+                ) from None
+            return None
+        except (OSError, ValueError):
             return None
         if "error" in answer:
             raise RagidxError(answer["error"])

@@ -3,16 +3,18 @@
 document as a ``file://`` resource.
 
 Agents and editors speak the Model Context Protocol; this gives them ragidx's search with the
-index's own model and strategy. As in the HTTP API, every use of the index runs on one thread, in
-turn (:mod:`ragidx.app.model_thread` says why), and nothing a caller sends can open a file that is
-not an indexed document.
+index's own model and strategy. As in the HTTP API, every use of the model goes through one
+scheduler (:mod:`ragidx.app.scheduler` says why), a keyword search and the documents' listing never
+wait for it, and nothing a caller sends can open a file that is not an indexed document.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,8 +28,9 @@ from mcp_types import Resource, ToolAnnotations
 from pydantic import Field, ValidationError
 
 from ragidx import __version__
-from ragidx.app.model_thread import ModelThread
-from ragidx.app.retriever import Index, SearchOptions
+from ragidx.app.operations import dispatch
+from ragidx.app.retriever import Index
+from ragidx.app.scheduler import Scheduler
 from ragidx.app.schemas import (
     DEFAULT_CONTEXT_TOKENS,
     MaxTokens,
@@ -35,6 +38,7 @@ from ragidx.app.schemas import (
     search_parameters,
     validation_detail,
 )
+from ragidx.app.served_index import ServedIndex
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument, normal_path, read_document, span_pages
@@ -45,6 +49,7 @@ INSTRUCTIONS = (
     "file path, character span, page (PDFs) and text; `get_document` returns a document's text or "
     "a span of it (pass a hit's span to read around it); `status` describes the index."
 )
+CLIENT = "mcp"  # the agent's jobs, as the scheduler shows them
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
 
@@ -55,12 +60,27 @@ class IndexServer(MCPServer):
     def __init__(self, index: Index):
         super().__init__("ragidx", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
         self.index = index
-        self.on_model = ModelThread()
+        self.scheduler = Scheduler()
+        self.served = ServedIndex(index, self.scheduler)
 
     def load_model(self) -> None:
-        """Start loading the index's model ahead of the first search, which waits for it; a failure
-        is reported by that search (the queued load's own is dropped with its future)."""
-        self.on_model.submit(lambda: self.index.strategy)
+        """Start loading the index's model ahead of the first search that needs it (that search
+        waits for it, a keyword search does not); a failure is reported by that search."""
+
+        def load() -> None:
+            with contextlib.suppress(RagidxError), self.scheduler.job(CLIENT, "load") as job:
+                if self.served.embeds_queries():
+                    self.served.load(job)
+
+        threading.Thread(target=load, name="ragidx-mcp-load", daemon=True).start()
+
+    def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One operation (:mod:`ragidx.app.operations`) for the agent; errors as the tool's own."""
+        try:
+            with self.scheduler.job(CLIENT, str(request["op"])) as job:
+                return dispatch(self.served, request, job)
+        except RagidxError as error:
+            raise ToolError(str(error)) from None
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         """The SDK's call, with bad arguments told in one short line as the HTTP API tells them
@@ -79,18 +99,15 @@ class IndexServer(MCPServer):
         return settings.access([] if settings.roots else [row["path"] for row in self.documents()])
 
     def documents(self, path: str | None = None) -> list[dict[str, Any]]:
-        return self.on_model.run(lambda: self.refreshed().reader.document_rows(path))
+        with self.served.reading:
+            self.index.refresh()
+            return self.index.reader.document_rows(path)
 
     def info(self) -> dict[str, Any]:
-        return self.on_model.run(lambda: self.refreshed().info())
-
-    def refreshed(self) -> Index:
-        """The index, once it follows the one at its path (a build may have committed since)."""
-        self.index.refresh()
-        return self.index
+        return self.served.info()
 
     async def list_resources(self) -> list[Resource]:
-        # In a worker thread, as tools run: the model's thread may be in a search's forward pass.
+        # In a worker thread, as tools run: a build's commit may hold the index a moment.
         rows = await to_thread.run_sync(self.documents)
         return [
             Resource(
@@ -147,12 +164,9 @@ def create_server(index: Index) -> IndexServer:
         """Search the index: the best chunks for the query, each with its document's path, the
         chunk's character span in that document, its page(s) for PDFs, a snippet and its text."""
         query, given = search_options(arguments)
-        try:
-            options = SearchOptions.of(**given)
-            hits = server.on_model.run(server.index.search, query, options)
-        except RagidxError as error:
-            raise ToolError(str(error)) from None
-        return {"query": query, "mode": options.mode, "hits": [tool_hit(hit.to_dict()) for hit in hits]}
+        found = server.answer({"op": "search", "query": query, "options": given})
+        mode = given.get("mode", "hybrid")
+        return {"query": query, "mode": mode, "hits": [tool_hit(hit) for hit in found["hits"]]}
 
     # The arguments are the search options' own declaration, as the HTTP request's are.
     search.__signature__ = inspect.Signature(search_parameters(), return_annotation=dict[str, Any])  # type: ignore[attr-defined]
@@ -164,11 +178,8 @@ def create_server(index: Index) -> IndexServer:
         (the index's model's tokenizer). Cite a passage by its number."""
         max_tokens = arguments.pop("max_tokens", DEFAULT_CONTEXT_TOKENS)
         query, given = search_options(arguments)
-        try:
-            found = server.on_model.run(server.index.context, query, max_tokens=max_tokens, **given)
-        except RagidxError as error:
-            raise ToolError(str(error)) from None
-        return found.to_dict()
+        request = {"op": "context", "query": query, "options": given, "context": {"max_tokens": max_tokens}}
+        return dict(server.answer(request)["context"])
 
     budget = inspect.Parameter(
         "max_tokens", inspect.Parameter.KEYWORD_ONLY, default=DEFAULT_CONTEXT_TOKENS, annotation=MaxTokens

@@ -15,9 +15,9 @@ from __future__ import annotations
 import base64
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from anyio import to_thread
@@ -25,7 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ragidx.app.model_thread import ModelThread
+from ragidx.app.http_jobs import until_done
+from ragidx.app.scheduler import Busy, Job, Scheduler
 from ragidx.app.schemas import validation_detail
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import Role
@@ -38,7 +39,15 @@ TOKEN_IDS = (
     "ragidx embeds text, not token ids: send strings (LangChain's OpenAIEmbeddings sends token ids "
     "unless it is given check_embedding_ctx_length=False)"
 )
-Embed = Callable[[Sequence[str], Role], np.ndarray]
+
+
+class EmbeddingModel(Protocol):
+    """The model these routes serve (``ragidx.app.server.ServedModel``)."""
+
+    def embed(self, texts: Sequence[str], role: Role, job: Job) -> np.ndarray: ...
+    def name(self) -> str: ...
+    def dimension(self) -> int: ...
+    def count_tokens(self, texts: Sequence[str]) -> int: ...
 
 
 class OpenAIError(Exception):
@@ -48,7 +57,7 @@ class OpenAIError(Exception):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
 
-    def response(self) -> JSONResponse:
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
         kind = {401: "authentication_error", 404: "invalid_request_error"}.get(self.status)
         error = {
             "message": self.message,
@@ -56,7 +65,7 @@ class OpenAIError(Exception):
             "param": self.param,
             "code": self.code,
         }
-        return JSONResponse(status_code=self.status, content={"error": error})
+        return JSONResponse(status_code=self.status, content={"error": error}, headers=headers)
 
 
 class EmbeddingsRequest(BaseModel):
@@ -83,22 +92,15 @@ def model_ids(name: str) -> dict[str, Role]:
     return {name: "query", **{name + suffix: role for suffix, role in ROLE_SUFFIXES.items()}}
 
 
-def add_openai_routes(
-    app: FastAPI,
-    embed: Embed,
-    name: Callable[[], str],
-    dimension: Callable[[], int],
-    count_tokens: Callable[[Sequence[str]], int],
-    on_model: ModelThread,
-) -> None:
-    """The routes, on ``app``: ``embed(texts, role)``, ``name`` and ``dimension`` of the model
-    served now (an index rebuilt with another model changes them), all run on ``on_model``."""
+def add_openai_routes(app: FastAPI, model: EmbeddingModel, scheduler: Scheduler) -> None:
+    """The routes, on ``app``, for ``model``: the one served now (an index rebuilt with another
+    model changes its name and dimension), its embeddings computed through ``scheduler``."""
     created = int(time.time())
 
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
     def models() -> dict[str, Any]:
-        ids = model_ids(on_model.run(name))
+        ids = model_ids(model.name())
         return {
             "object": "list",
             "data": [{"id": id, "object": "model", "created": created, "owned_by": "ragidx"} for id in ids],
@@ -107,23 +109,32 @@ def add_openai_routes(
     async def embeddings(request: Request) -> JSONResponse:
         try:
             body = await _parsed(request)
-            answer = await to_thread.run_sync(_embedded, body, _texts(body.input))
+            texts = _texts(body.input)
+            role = await to_thread.run_sync(_role, body)
+            vectors = await until_done(
+                request, scheduler, "embeddings", lambda job: _vectors(texts, role, job)
+            )
+            tokens = await to_thread.run_sync(model.count_tokens, texts)
+        except Busy as error:
+            return OpenAIError(503, str(error), "overloaded").response(
+                {"Retry-After": str(error.retry_after)}
+            )
         except OpenAIError as error:
             return error.response()
-        return JSONResponse(content=answer)
+        return JSONResponse(content=_answer(body, vectors, tokens))
 
-    def _vectors(body: EmbeddingsRequest, texts: list[str]) -> tuple[np.ndarray, int]:
-        """The texts' vectors and their token count, if the request asks for the model served."""
-        ids = model_ids(name())
+    def _role(body: EmbeddingsRequest) -> Role:
+        """The role the requested model id embeds in, if it is the model served (and its size)."""
+        ids = model_ids(model.name())
         if body.model not in ids:
             raise OpenAIError(
                 404,
                 f"the model '{body.model[:100]}' is not served here: use one of {', '.join(ids)} "
-                f"(GET /v1/models); the bare '{name()}' embeds as a query",
+                f"(GET /v1/models); the bare '{model.name()}' embeds as a query",
                 "model_not_found",
                 "model",
             )
-        served = dimension()
+        served = model.dimension()
         if body.dimensions is not None and body.dimensions != served:
             raise OpenAIError(
                 400,
@@ -132,25 +143,30 @@ def add_openai_routes(
                 "invalid_dimensions",
                 "dimensions",
             )
+        return ids[body.model]
+
+    def _vectors(texts: list[str], role: Role, job: Job) -> np.ndarray:
         try:
-            return embed(texts, ids[body.model]), count_tokens(texts)
+            return model.embed(texts, role, job)
+        except Busy:
+            raise
         except RagidxError as error:
             raise OpenAIError(400, str(error), "invalid_input", "input") from None
 
-    def _embedded(body: EmbeddingsRequest, texts: list[str]) -> dict[str, Any]:
-        vectors, tokens = on_model.run(_vectors, body, texts)
-        return {
-            "object": "list",
-            "data": [
-                {"object": "embedding", "index": i, "embedding": _encoded(vector, body.encoding_format)}
-                for i, vector in enumerate(vectors)
-            ],
-            "model": body.model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-
     for path in ("/v1/embeddings", "/embeddings"):
         app.add_api_route(path, embeddings, methods=["POST"], include_in_schema=path.startswith("/v1"))
+
+
+def _answer(body: EmbeddingsRequest, vectors: np.ndarray, tokens: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": _encoded(vector, body.encoding_format)}
+            for i, vector in enumerate(vectors)
+        ],
+        "model": body.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 async def _parsed(request: Request) -> EmbeddingsRequest:

@@ -19,7 +19,7 @@ from ragidx.indexer.build.watch import watch
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import model_tokenizer
 from ragidx.indexer.model.sources import canonical_model_id
-from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS, Context, fit, merge_hits
+from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS, Context, CountTokens, fit, merge_hits
 from ragidx.indexer.search.engine import Ranked, SearchEngine
 from ragidx.indexer.search.hits import Hit
 from ragidx.indexer.search.options import SearchOptions
@@ -31,6 +31,23 @@ if TYPE_CHECKING:
     from ragidx.indexer.strategies import Role, Strategy
 
 __all__ = ["Hit", "Index", "SearchOptions"]
+
+
+def token_counter(tokenizer: Any) -> CountTokens | None:
+    """A function counting a text's tokens with ``tokenizer`` (none: None)."""
+    if tokenizer is None:
+        return None
+    return lambda text: len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def check_budget(max_tokens: Any) -> None:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise RagidxError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
+
+
+def check_new_tokens(max_new_tokens: Any) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise RagidxError(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
 
 
 class Index:
@@ -204,18 +221,27 @@ class Index:
         whole text is at most ``max_tokens`` tokens of ``tokenizer`` (a model name; default: the
         index's model). ``relative_to``: a folder whose documents are shown by relative path.
         Search options as for :meth:`search`."""
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RagidxError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
+        check_budget(max_tokens)
         hits = self.search(query, options, **given)
+        loaded = self.strategy.runtime.tokenizer if tokenizer is None and self.model_loaded else None
+        return self.context_of(query, hits, max_tokens, tokenizer, relative_to, token_counter(loaded))
+
+    def context_of(
+        self,
+        query: str,
+        hits: Sequence[Hit],
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        tokenizer: str | None = None,
+        relative_to: str | None = None,
+        count: CountTokens | None = None,
+    ) -> Context:
+        """:meth:`context` from hits already found; ``count``: the tokens of a text in the model
+        ``tokenizer`` names (default: that model's tokenizer, loaded alone)."""
         rows = self.reader.chunk_rows([hit.chunk_id for hit in hits])
         name = tokenizer or self.settings.model
-        counting = self.strategy.runtime.tokenizer if tokenizer is None and self._loaded() else None
-        counting = counting or model_tokenizer(name)
-
-        def count(text: str) -> int:
-            return len(counting(text, add_special_tokens=False, verbose=False)["input_ids"])
-
-        return fit(query, merge_hits(hits, rows), count, max_tokens, name, relative_to)
+        counting = count or token_counter(model_tokenizer(name))
+        assert counting is not None
+        return fit(query, merge_hits(hits, rows), counting, max_tokens, name, relative_to)
 
     def ask(
         self,
@@ -238,27 +264,22 @@ class Index:
         names its model; the key comes from ``$RAGIDX_LLM_API_KEY`` or ``$OPENAI_API_KEY``).
         ``closed_book``: no retrieval, the model alone (to measure what retrieval adds). A
         loaded model is kept for the next question."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise RagidxError(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
+        check_new_tokens(max_new_tokens)
         generator = self.generator(llm, llm_url)
         context = None
         if not closed_book:
-            reads_with = generator.name if isinstance(generator, LocalGenerator) else None
-            own = reads_with == self.settings.model
-            tokenizer = None if own or reads_with is None else reads_with
+            tokenizer = self.context_tokenizer(generator)
             context = self.context(question, options, max_tokens=max_tokens, tokenizer=tokenizer, **given)
         generated = generator.generate(
             messages(question, context), max_new_tokens, on_text or (lambda text: None)
         )
-        return Answer.of(
-            question,
-            generated.text,
-            generator.name,
-            context,
-            new_tokens=generated.new_tokens,
-            first_token_seconds=generated.first_token_seconds,
-            seconds=generated.seconds,
-        )
+        return generated.answer(question, generator.name, context)
+
+    def context_tokenizer(self, generator: Generator) -> str | None:
+        """Whose tokens an answer's context is counted in: the answering model's where ragidx
+        runs it and it is not the index's own, else the index's model's (None)."""
+        reads_with = generator.name if isinstance(generator, LocalGenerator) else None
+        return None if reads_with is None or reads_with == self.settings.model else reads_with
 
     def generator(self, llm: str | None = None, llm_url: str | None = None) -> Generator:
         """The model that answers (see :meth:`ask`), loaded once: the index's own model is the
@@ -274,7 +295,8 @@ class Index:
             }  # one at a time: each holds a model
         return self._generators[key]
 
-    def _loaded(self) -> bool:
+    @property
+    def model_loaded(self) -> bool:
         """Whether the index's own model is loaded (its tokenizer is then at hand)."""
         return self._strategy is not None and self._strategy_settings == self.settings.model_identity
 
@@ -297,7 +319,7 @@ class Index:
         """Tune the hybrid fusion weights on ``queries`` pseudo-queries from the index's own
         documents and store them, as ``ragidx tune`` does; searches use them at once."""
         self.refresh()
-        loaded = self._strategy if self._loaded() else None
+        loaded = self._strategy if self.model_loaded else None
         with IndexWriter(self.reader.directory) as writer:
             report = tune_and_store(writer, loaded, queries or DEFAULT_QUERIES, self.device)
         self.refresh()

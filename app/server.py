@@ -3,12 +3,12 @@ body, or GET with query parameters), embed, OpenAI's embeddings API (:mod:`.open
 info, and a search page at ``/``; or over a model without an index (``ragidx serve --model``):
 the embedding routes alone.
 
-The model is loaded once, before the first request. Every use of the index or model runs on one
-thread, in turn (:class:`~ragidx.app.model_thread.ModelThread`): strategies such as kv-embedding
-and htp re-route the model's attention for the length of a forward pass, so two interleaved
-forwards would corrupt each other, and torch's thread pools slow each other down once a second
-thread has used the model. Searches waiting for it are answered together, their queries embedded
-in one forward (:mod:`ragidx.app.batching`).
+The model is loaded once, before the first request. Every use of the model goes through one
+:class:`~ragidx.app.scheduler.Scheduler` (which says why, and how clients take turns), each
+request in a job of its client's that a disconnect cancels; what needs no model (health, info,
+the model list, a keyword search) never waits for it. Searches waiting for the model are
+answered together, their queries embedded in one forward. Past the scheduler's bound a request
+gets 503 with ``Retry-After``.
 Request data is only ever query text, numbers and filter values; nothing in a request names a
 file to open. Bodies are bounded (:class:`BodyLimit`) and errors never echo the input back.
 """
@@ -19,10 +19,9 @@ import asyncio
 import hmac
 import ipaddress
 import json
-import queue
 import socket
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -32,12 +31,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ragidx import __version__
-from ragidx.app.batching import SearchBatcher
 from ragidx.app.embedder import Embedder
+from ragidx.app.http_jobs import until_done
 from ragidx.app.http_limits import limited_protocol
-from ragidx.app.model_thread import ModelThread
 from ragidx.app.openai_api import add_openai_routes, served_name
+from ragidx.app.operations import dispatch
 from ragidx.app.retriever import Index, SearchOptions
+from ragidx.app.scheduler import Busy, Job, Scheduler
 from ragidx.app.schemas import (
     DEFAULT_CONTEXT_TOKENS,
     AskBody,
@@ -48,10 +48,14 @@ from ragidx.app.schemas import (
     search_options,
     validation_detail,
 )
+from ragidx.app.served_index import ServedIndex, embed_in_slices
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.runtime import model_tokenizer
 from ragidx.indexer.strategies.base import Role
 
 MAX_BODY_BYTES = 1_000_000  # default bound on a request body (`ragidx serve --max-body-bytes`)
+ASK_FIELDS = ("max_tokens", "max_new_tokens", "closed_book")  # what an /ask body says besides the search
+
 NEEDS_TOKEN = "a bearer token is needed: Authorization: Bearer TOKEN"
 # ragidx's shape and OpenAI's in one body, so that both kinds of client show why.
 UNAUTHORISED = json.dumps(
@@ -135,39 +139,43 @@ def loopback_hosts() -> list[str]:
 
 class ServedModel:
     """What the embedding routes need of an index (its own model, followed across rebuilds) or
-    of a model served without one (``ragidx serve --model``)."""
+    of a model served without one (``ragidx serve --model``); the model runs on the scheduler's
+    thread alone, and what needs no model (name, dimension, health) never waits for it."""
 
-    def __init__(self, served: Index | Embedder):
+    def __init__(self, served: ServedIndex | Embedder, scheduler: Scheduler):
         self.served = served
+        self.scheduler = scheduler
+        self.counting = threading.Lock()
 
-    def embed(self, texts: Sequence[str], role: Role) -> Any:
-        if isinstance(self.served, Index):
-            self.served.refresh()
-        return self.served.embed(texts, role)
+    def embed(self, texts: Sequence[str], role: Role, job: Job) -> Any:
+        if isinstance(self.served, ServedIndex):
+            return self.served.embed(texts, role, job)
+        return embed_in_slices(self.scheduler, job, self.served.embed, texts, role)
 
     def name(self) -> str:
         served = self.served
-        return served_name(served.settings.model if isinstance(served, Index) else served.model)
+        return served_name(served.meta()["model"] if isinstance(served, ServedIndex) else served.model)
 
     def dimension(self) -> int:
-        if isinstance(self.served, Index):
-            return int(self.served.meta["dimension"])
+        if isinstance(self.served, ServedIndex):
+            return int(self.served.meta()["dimension"])
         return self.served.strategy.dimension
 
     def count_tokens(self, texts: Sequence[str]) -> int:
-        """The texts' tokens with the model's tokenizer, as given (no template, no special tokens)."""
-        tokenizer = self.served.strategy.runtime.tokenizer
-        return sum(len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"])
+        """The texts' tokens with the model's tokenizer, as given (no template, no special tokens):
+        a tokenizer of its own, not the model's (which the model's thread may be using)."""
+        model = self.served.meta()["model"] if isinstance(self.served, ServedIndex) else self.served.model
+        tokenizer = model_tokenizer(model)
+        with self.counting:
+            return sum(len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"])
 
     def health(self) -> dict[str, Any]:
-        if isinstance(self.served, Index):
-            self.served.refresh()
-            return {"status": "ok", "generation": self.served.meta["generation"]}
+        if isinstance(self.served, ServedIndex):
+            return {"status": "ok", "generation": self.served.meta()["generation"]}
         return {"status": "ok", "model": self.name()}
 
     def info(self) -> dict[str, Any]:
-        if isinstance(self.served, Index):
-            self.served.refresh()
+        if isinstance(self.served, ServedIndex):
             return self.served.info()
         strategy = self.served.strategy
         return {"model": self.served.model, "strategy": strategy.name, "dimension": strategy.dimension}
@@ -181,20 +189,25 @@ def create_app(
     allowed_hosts: Sequence[str] | None = None,
     llm: str | None = None,
     llm_url: str | None = None,
-    model_thread: ModelThread | None = None,
+    scheduler: Scheduler | None = None,
 ) -> Callable[..., Awaitable[None]]:
     """The application serving an index, or a model without one (embeddings only), its model
-    used on ``model_thread`` alone (load it there first, to have it loaded up front: see
-    :mod:`ragidx.app.model_thread`). ``llm`` and ``llm_url``: the model that answers ``POST
-    /ask`` (see :meth:`Index.ask`; a request cannot name another).
+    used through ``scheduler`` alone (see :mod:`ragidx.app.scheduler`: load it there first, to
+    have it loaded up front). ``llm`` and ``llm_url``: the model that answers ``POST /ask`` (see
+    :meth:`Index.ask`; a request cannot name another).
 
     ``allowed_hosts``: the ``Host`` headers answered (default: this machine's loopback names), so a
     web page cannot reach the server by a name it controls (DNS rebinding); ``["*"]`` answers
     any. ``token``: a bearer token every request but the search page must carry.
     """
     app = FastAPI(title="ragidx", version=__version__, docs_url=None, redoc_url=None)
-    on_model = model_thread or ModelThread()
-    model = ServedModel(served)
+    scheduler = scheduler or Scheduler()
+    index: ServedIndex | None = None
+    if isinstance(served, Index):
+        index = ServedIndex(served, scheduler)
+        model = ServedModel(index, scheduler)
+    else:
+        model = ServedModel(served, scheduler)
 
     @app.exception_handler(RequestValidationError)
     def invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -203,27 +216,34 @@ def create_app(
         detail, errors = validation_detail(error.errors())
         return JSONResponse(status_code=422, content={"detail": detail, "errors": errors})
 
+    @app.exception_handler(Busy)
+    def busy(_: Request, error: Busy) -> JSONResponse:
+        headers = {"Retry-After": str(error.retry_after)}
+        return JSONResponse(status_code=503, content={"detail": str(error)}, headers=headers)
+
     @app.exception_handler(RagidxError)
     def refused(_: Request, error: RagidxError) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": str(error)})
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return on_model.run(model.health)
+        return model.health()
 
     @app.get("/info")
     def info() -> dict[str, Any]:
-        return on_model.run(model.info)
+        return model.info()
 
     @app.post("/embed")
-    def embed(body: EmbedBody) -> dict[str, Any]:
-        vectors = on_model.run(model.embed, body.texts, body.role)
+    async def embed(body: EmbedBody, request: Request) -> dict[str, Any]:
+        vectors = await until_done(
+            request, scheduler, "embed", lambda job: model.embed(body.texts, body.role, job)
+        )
         return {"role": body.role, "dimension": int(vectors.shape[1]), "vectors": vectors.tolist()}
 
-    add_openai_routes(app, model.embed, model.name, model.dimension, model.count_tokens, on_model)
-    if isinstance(served, Index):
-        add_search_routes(app, served, on_model)
-        add_ask_route(app, served, on_model, llm, llm_url)
+    add_openai_routes(app, model, scheduler)
+    if index is not None:
+        add_search_routes(app, index)
+        add_ask_route(app, index, llm, llm_url)
 
     guarded: Callable[..., Awaitable[None]] = BodyLimit(app, max_body_bytes)
     if token:
@@ -231,73 +251,102 @@ def create_app(
     return TrustedHostMiddleware(guarded, allowed_hosts=list(allowed_hosts or loopback_hosts()))
 
 
-def add_search_routes(app: FastAPI, index: Index, on_model: ModelThread) -> None:
+def add_search_routes(app: FastAPI, index: ServedIndex) -> None:
     """Search and context, by POST with a JSON body or by GET with query parameters (``GET
-    /search?q=tides&k=3&path=notes/*``), and the search page."""
-    batcher = SearchBatcher(index, on_model)
+    /search?q=tides&k=3&path=notes/*``), and the search page. A search that needs the model is
+    answered with every other waiting for it, in one forward (:mod:`ragidx.app.scheduler`); one
+    that does not (keywords, or a hybrid one weighing the vectors 0) never waits for it."""
     page = resources.files("ragidx.app").joinpath("static/search.html").read_text(encoding="utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def search_page() -> str:
         return page
 
-    async def searched(query: str, given: dict[str, Any]) -> dict[str, Any]:
+    async def searched(request: Request, query: str, given: dict[str, Any]) -> dict[str, Any]:
         options = SearchOptions.of(**given)
-        hits = await asyncio.wrap_future(batcher.submit(query, options))
-        return {"query": query, "mode": options.mode, "k": options.k, "hits": [hit.to_dict() for hit in hits]}
+        found = await until_done(
+            request,
+            index.scheduler,
+            "search",
+            lambda job: dispatch(index, _request("search", query, given), job),
+        )
+        return {"query": query, "mode": options.mode, "k": options.k, "hits": found["hits"]}
 
-    def context(query: str, given: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-        return on_model.run(index.context, query, max_tokens=max_tokens, **given).to_dict()
+    async def context(request: Request, query: str, given: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+        asked = {**_request("context", query, given), "context": {"max_tokens": max_tokens}}
+        found = await until_done(request, index.scheduler, "context", lambda job: dispatch(index, asked, job))
+        return dict(found["context"])
 
     @app.post("/search")
-    async def search(body: SearchBody) -> dict[str, Any]:
-        return await searched(*search_options(body))
+    async def search(body: SearchBody, request: Request) -> dict[str, Any]:
+        return await searched(request, *search_options(body))
 
     @app.get("/search")
     async def search_by_url(request: Request) -> dict[str, Any]:
         query, given, _ = query_parameters(request.query_params)
-        return await searched(query, given)
+        return await searched(request, query, given)
 
     @app.post("/context")
-    def context_of(body: ContextBody) -> dict[str, Any]:
+    async def context_of(body: ContextBody, request: Request) -> dict[str, Any]:
         query, given = search_options(body)
-        return context(query, given, given.pop("max_tokens", DEFAULT_CONTEXT_TOKENS))
+        return await context(request, query, given, given.pop("max_tokens", DEFAULT_CONTEXT_TOKENS))
 
     @app.get("/context")
-    def context_by_url(request: Request) -> dict[str, Any]:
-        return context(*query_parameters(request.query_params, context=True))
+    async def context_by_url(request: Request) -> dict[str, Any]:
+        return await context(request, *query_parameters(request.query_params, context=True))
 
 
-def add_ask_route(
-    app: FastAPI, index: Index, on_model: ModelThread, llm: str | None, llm_url: str | None
-) -> None:
+def _request(operation: str, query: str, options: dict[str, Any]) -> dict[str, Any]:
+    return {"op": operation, "query": query, "options": options}
+
+
+def add_ask_route(app: FastAPI, index: ServedIndex, llm: str | None, llm_url: str | None) -> None:
     """``POST /ask``: the search body plus ``max_tokens``, ``max_new_tokens`` and ``closed_book``;
     streamed as JSON lines, ``{"text": ...}`` as the answer is written, then ``{"answer": ...}``
     (``ragidx ask --json``'s object) or ``{"error": ...}``; ``"stream": false`` answers that object
-    alone."""
+    alone. A client that leaves stops its answer (a chat endpoint's request is closed)."""
 
-    def answer(query: str, given: dict[str, Any], on_text: Callable[[str], None]) -> dict[str, Any]:
-        found = on_model.run(index.ask, query, llm=llm, llm_url=llm_url, on_text=on_text, **given)
-        return found.to_dict()
+    def asked(query: str, given: dict[str, Any]) -> dict[str, Any]:
+        settings = {name: given.pop(name) for name in ASK_FIELDS if name in given}
+        return {**_request("ask", query, given), "ask": {**settings, "llm": llm, "llm_url": llm_url}}
 
     @app.post("/ask", response_model=None)
-    def ask(body: AskBody) -> dict[str, Any] | StreamingResponse:
+    async def ask(body: AskBody, request: Request) -> dict[str, Any] | StreamingResponse:
         query, given = search_options(body)
-        if not given.pop("stream", True):
-            return answer(query, given, lambda text: None)
-        events: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        stream = given.pop("stream", True)
+        wanted = asked(query, given)
+        if not stream:
+            found = await until_done(
+                request, index.scheduler, "ask", lambda job: dispatch(index, wanted, job)
+            )
+            return dict(found["answer"])
+        events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
 
-        def run() -> None:
+        def put(event: dict[str, Any] | None) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        def work(job: Job) -> None:
             try:
-                events.put({"answer": answer(query, given, lambda text: events.put({"text": text}))})
+                put(dispatch(index, wanted, job, put))
+            except Busy as error:
+                put({"error": str(error), "retry_after": error.retry_after})
             except RagidxError as error:
-                events.put({"error": str(error)})
+                put({"error": str(error)})
+            except Exception as error:  # the stream ends with it, never cut without a word
+                put({"error": f"{type(error).__name__}: {error}"})
             finally:
-                events.put(None)
+                put(None)
 
-        threading.Thread(target=run, name="ragidx-ask", daemon=True).start()
-        lines = (json.dumps(event, ensure_ascii=False) + "\n" for event in iter(events.get, None))
-        return StreamingResponse(lines, media_type="application/x-ndjson")
+        async def lines() -> AsyncIterator[str]:
+            running = asyncio.ensure_future(until_done(request, index.scheduler, "ask", work))
+            try:
+                while (event := await events.get()) is not None:
+                    yield json.dumps(event, ensure_ascii=False) + "\n"
+            finally:
+                running.cancel()  # the client left: its job is cancelled (until_done's finally)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
 def is_loopback(host: str) -> bool:

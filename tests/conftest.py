@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
+import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
+from support.cli import RAGIDX, child_env
 from tiny_models import DECODERS, ENCODER, SAMPLE_CORPUS, save_tiny_model, train_tokenizer
 
 
@@ -80,3 +84,25 @@ def index_threads(monkeypatch):
         return used
 
     return watch
+
+
+@pytest.fixture
+def daemon_env() -> dict[str, str]:
+    """An environment whose daemon lives in a private folder of this test (short: a socket's path
+    has at most 107 bytes) and is stopped after it."""
+    runtime = Path(tempfile.mkdtemp(prefix="rgx-", dir="/tmp"))
+    env = {**child_env(), "XDG_RUNTIME_DIR": str(runtime), "RAGIDX_NO_DAEMON": "0"}
+    yield env
+    subprocess.run([RAGIDX, "daemon", "stop"], env=env, capture_output=True, timeout=60)
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+@pytest.fixture
+def small_index(tmp_path, tiny_models, sample_corpus) -> Path:
+    """Two folders of the sample corpus, kv-embedding on the tiny Qwen 2 model, untuned."""
+    from ragidx.app import Index
+
+    index = tmp_path / "index"
+    options = {"model": str(tiny_models["qwen2"]), "device": "cpu", "progress": False, "tune": False}
+    Index.update([sample_corpus / "notes", sample_corpus / "faq"], index, strategy="kv-embedding", **options)
+    return index

@@ -14,14 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_cli import assert_one_line_error, ragidx
-from test_daemon import daemon_env
 from tiny_models import save_tiny_model
 
 from ragidx.app import Index
 from ragidx.app.answering import Answer, cited_numbers, messages
 from ragidx.indexer.search.context import Context, Passage
 
-daemon_env = daemon_env  # the fixture, used below
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -12,12 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from support.daemon import alive
 from test_cli import RAGIDX, assert_one_line_error, ragidx
-from test_daemon import _alive, daemon_env, small_index
 
 from ragidx.app import daemon_address, launcher
-
-daemon_env, small_index = daemon_env, small_index  # the fixtures, used below
 
 REPORT = "import atexit, json, sys; atexit.register(lambda: print(json.dumps([*sys.modules])))"
 SCRIPT = f"{REPORT}; from ragidx.app.launcher import main; main()"
@@ -87,7 +85,7 @@ def test_the_command_server_ends_with_its_daemon(daemon_env, small_index):
     assert [status["command_server"]["socket"]] == [str(path) for path in command_sockets(daemon_env)]
     assert ragidx("daemon", "stop", env=daemon_env).stdout.startswith("stopped daemon ")
     assert command_sockets(daemon_env) == []  # withdrawn before the stop was answered
-    assert not _alive(status["command_server"]["pid"])
+    assert not alive(status["command_server"]["pid"])
     ragidx("query", "refunds", "--index", small_index, env={**daemon_env, "RAGIDX_DAEMON_IDLE": "1"})
     deadline = time.monotonic() + 30
     while command_sockets(daemon_env) and time.monotonic() < deadline:
@@ -130,7 +128,7 @@ def test_ctrl_c_on_the_script_interrupts_the_command_in_the_server(daemon_env, s
         assert client.returncode == daemon_address.INTERRUPTED and "aborted" in stderr
         while children(server) and time.monotonic() < deadline:  # reaped by the server
             time.sleep(0.05)
-        assert not _alive(int(command[0])) and children(server) == []
+        assert not alive(int(command[0])) and children(server) == []
     finally:
         os.kill(status["pid"], signal.SIGCONT)
     assert ragidx(*query, env=daemon_env).stdout == expected

@@ -4,41 +4,15 @@ new generations followed, a private socket, the switches that turn it off, and i
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import stat
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-import pytest
-from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
+from support.cli import assert_one_line_error, ragidx
+from support.daemon import alive, sockets
 
 from ragidx.app import Index
-
-
-@pytest.fixture
-def daemon_env() -> dict[str, str]:
-    """An environment whose daemon lives in a private folder of this test (short: a socket's path
-    has at most 107 bytes) and is stopped after it."""
-    runtime = Path(tempfile.mkdtemp(prefix="rgx-", dir="/tmp"))
-    env = {**child_env(), "XDG_RUNTIME_DIR": str(runtime), "RAGIDX_NO_DAEMON": "0"}
-    yield env
-    subprocess.run([RAGIDX, "daemon", "stop"], env=env, capture_output=True, timeout=60)
-    shutil.rmtree(runtime, ignore_errors=True)
-
-
-@pytest.fixture
-def small_index(tmp_path, tiny_models, sample_corpus) -> Path:
-    index = tmp_path / "index"
-    options = {"model": str(tiny_models["qwen2"]), "device": "cpu", "progress": False, "tune": False}
-    Index.update([sample_corpus / "notes", sample_corpus / "faq"], index, strategy="kv-embedding", **options)
-    return index
-
-
-def sockets(env: dict[str, str]) -> list[Path]:
-    return sorted((Path(env["XDG_RUNTIME_DIR"]) / "ragidx").glob("*.sock"))
 
 
 def test_answers_are_the_same_with_and_without_the_daemon(daemon_env, small_index):
@@ -48,7 +22,10 @@ def test_answers_are_the_same_with_and_without_the_daemon(daemon_env, small_inde
     assert len(sockets(daemon_env)) == 1
     status = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)
     assert status["running"] and status["requests"] == 2  # the search and the embedding
-    held = {"index": str(small_index.resolve()), "device": "auto", "dtype": None, "answering": []}
+    held = {
+        "index": str(small_index.resolve()), "device": "auto", "dtype": None, "model_loaded": True,
+        "answering": [],
+    }  # fmt: skip
     assert status["indexes"] == [held]
     local = [ragidx(*search, "--no-daemon").stdout, ragidx(*embed, "--no-daemon").stdout]
     assert with_daemon == local and json.loads(local[0])[0]["explain"]
@@ -93,19 +70,10 @@ def test_the_daemon_stops_when_idle_or_told(daemon_env, small_index):
     ragidx("query", "tides", "--index", small_index, env={**daemon_env, "RAGIDX_DAEMON_IDLE": "2"})
     pid = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)["pid"]
     deadline = time.monotonic() + 30
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(pid) and sockets(daemon_env) == []
+    assert not alive(pid) and sockets(daemon_env) == []
     assert ragidx("daemon", "status", env=daemon_env).stdout.strip() == "no daemon is running"
     ragidx("query", "tides", "--index", small_index, env=daemon_env)
     stopped = ragidx("daemon", "stop", env=daemon_env).stdout
     assert stopped.startswith("stopped daemon ") and sockets(daemon_env) == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat_file:  # a zombie (ended, not yet reaped) is not alive
-        return stat_file.read().split()[2] != "Z"

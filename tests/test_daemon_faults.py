@@ -5,6 +5,7 @@ stall or hang. Each case is bounded in time: a regression that hangs fails its t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -18,13 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.daemon import alive, sockets
 from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
-from test_daemon import _alive, daemon_env, sockets
 
 from ragidx.app import Index, RagidxError, daemon_address, daemon_client
 from ragidx.app.daemon import REQUEST_SECONDS, Client, Daemon
 
-daemon_env = daemon_env  # the fixture, used by the tests below
 QUERY = "how does it work and what should I know"
 Ask = Callable[[], list[str] | str]  # the hits' folders for QUERY, or the error's text
 
@@ -178,7 +178,7 @@ def test_no_client_can_stop_or_hold_up_the_daemon(daemon_env, corpora, tmp_path)
         time.sleep(0.5)
     assert cut is not None and cut < REQUEST_SECONDS + 2
     status = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)
-    assert _alive(pid) and status["pid"] == pid
+    assert alive(pid) and status["pid"] == pid
     started = time.monotonic()
     assert ragidx("daemon", "stop", env=daemon_env).stdout.startswith(f"stopped daemon {pid}")
     assert time.monotonic() - started < 5
@@ -208,12 +208,12 @@ def test_a_stopping_daemon_answers_before_it_ends(tmp_path, monkeypatch):
     assert not (tmp_path / "d.sock").exists()
 
 
-def test_every_request_uses_the_model_on_one_thread(tmp_path, corpora, index_threads):
-    """Requests arrive on threads of their own; the model's work (open, search, warm-up, errors
-    included) runs on the daemon's one model thread, whose answers they get."""
+def test_every_request_uses_the_model_on_the_schedulers_thread(tmp_path, corpora, index_threads):
+    """Requests arrive on threads of their own; the model's work (embeddings, warm-up included)
+    runs on the daemon's scheduler's one thread, whose answers they get; errors are answers."""
     index = tmp_path / "index"
     shutil.copytree(corpora["notes"], index)
-    used = index_threads("search")
+    used = index_threads("embed")
     daemon = Daemon(tmp_path / "d.sock", idle=60)
     request = {"op": "search", "query": "tides", "index": str(index), "options": {"k": 2}}
     answers, callers = [], set()
@@ -226,11 +226,12 @@ def test_every_request_uses_the_model_on_one_thread(tmp_path, corpora, index_thr
         caller = threading.Thread(target=ask)
         caller.start()
         caller.join()
-    assert len(used["search"]) == 1 and used["search"].isdisjoint(callers)
-    assert threading.get_ident() not in used["search"]
+    with daemon.scheduler.job("test", "thread") as job:
+        model = daemon.scheduler.run(job, threading.get_ident)
+    assert used["embed"] == {model} and model not in callers
     assert len(answers) == 3 and answers[0] == answers[2] and len(answers[0]["hits"]) == 2
     gone = daemon.answer({**request, "index": str(tmp_path / "none")})
-    assert gone["error"].startswith("no index at")  # raised on the model thread, answered here
+    assert gone["error"].startswith("no index at")
     daemon.close()
 
 
@@ -238,7 +239,7 @@ def test_a_hung_daemon_costs_a_query_its_silence_deadline_only(daemon_env, corpo
     index = tmp_path / "index"
     shutil.copytree(corpora["notes"], index)
     query = ("query", "tides", "--index", index, "--json", "-k", "3")
-    daemon_env = {**daemon_env, "RAGIDX_DAEMON_SILENCE": "3"}  # 15 s unless set: the same daemon
+    daemon_env = {**daemon_env, "RAGIDX_DAEMON_SILENCE": "3"}  # 60 s unless set: the same daemon
     expected = ragidx(*query, env=daemon_env).stdout
     pid = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)["pid"]
     os.kill(pid, signal.SIGSTOP)
@@ -253,8 +254,10 @@ def test_a_hung_daemon_costs_a_query_its_silence_deadline_only(daemon_env, corpo
         assert time.monotonic() - started < daemon_client.SILENCE_SECONDS
         status = json.loads(ragidx("daemon", "status", "--json", env=daemon_env).stdout)
         assert status["pid"] != pid
+        assert not alive(pid)  # stopped by the client that found it silent: never two daemons
     finally:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_daemon_that_cannot_start_costs_a_query_nothing(daemon_env, corpora, tmp_path, monkeypatch):

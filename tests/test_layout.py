@@ -60,7 +60,7 @@ OPTIONAL_EXTRAS = {
 LOCAL_OWN_IMPORTS = {
     "cli": {
         "app.server",
-        "app.model_thread",
+        "app.scheduler",
         "app.mcp_server",
         "app.mcp_stdio",
         "app.daemon",
@@ -71,6 +71,8 @@ LOCAL_OWN_IMPORTS = {
         "app.research.plots",
     },
     "app.launcher": {"cli"},  # the console script: the CLI where the command server takes nothing
+    # a request answered here, where no daemon answers: the model stack, loaded only then
+    "app.index_request": {"app.operations", "app.retriever", "app.scheduler", "app.served_index"},
 }
 # The one import against the flow: the console script runs the CLI, when it runs here at all.
 UPWARD = {("app.launcher", "cli")}

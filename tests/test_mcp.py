@@ -98,12 +98,12 @@ def test_tools_answer_as_the_python_api_does(mcp_index):
     )
 
 
-def test_every_tool_uses_the_index_on_the_one_model_thread(mcp_index, index_threads):
-    """Tools run on the SDK's worker threads; every use of the index (search, context, status,
-    the documents listed) runs on the server's one model thread."""
+def test_every_tool_uses_the_model_on_the_schedulers_thread(mcp_index, index_threads):
+    """Tools run on the SDK's worker threads; every use of the model (the searches' embeddings,
+    its load) runs on the server's scheduler's one thread, and the rest never waits for it."""
     from ragidx.app.mcp_server import create_server
 
-    used = index_threads("search", "context", "refresh", "info")
+    used = index_threads("embed")
 
     async def calls(server) -> list:
         return [
@@ -117,9 +117,9 @@ def test_every_tool_uses_the_index_on_the_one_model_thread(mcp_index, index_thre
         server = create_server(index)
         server.load_model()
         answers = asyncio.run(calls(server))
-        model = server.on_model.run(threading.get_ident)
-    assert all(answers) and set(used) == {"search", "context", "refresh", "info"}
-    assert all(threads == {model} for threads in used.values()), used
+        with server.scheduler.job("test", "thread") as job:
+            model = server.scheduler.run(job, threading.get_ident)
+    assert all(answers) and used["embed"] == {model}, used
 
 
 def test_documents_are_resources(mcp_index):

@@ -22,13 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_cli import assert_one_line_error, child_env, ragidx
-from test_daemon import daemon_env
 
 from ragidx.app import Index, RagidxError
 from ragidx.indexer.ingest.sources import read_document
 from ragidx.indexer.storage.location import no_index
 
-daemon_env = daemon_env  # the fixture, used below
 QUERIES = [
     "why are there two tides a day",
     "how do I return a bike",
@@ -344,9 +342,9 @@ def test_llama_index_retriever_and_embedding_in_a_query_engine(index):
 
 
 def test_async_calls_from_the_frameworks_leave_their_event_loop_free(index, monkeypatch):
-    """LangChain's and LlamaIndex's async calls wait for the adapter's own model thread without
-    holding up the event loop (which here must run on for the call to go on), and answer as the
-    sync calls do."""
+    """LangChain's and LlamaIndex's async calls wait for the adapter's own scheduler without
+    holding up the event loop (which here must run on for the call to go on), answer as the sync
+    calls do, and run the model on that scheduler's thread alone."""
     pytest.importorskip("langchain_core")
     pytest.importorskip("llama_index.core")
     from ragidx.app.integrations import langchain, llama_index
@@ -355,9 +353,10 @@ def test_async_calls_from_the_frameworks_leave_their_event_loop_free(index, monk
     for name in ("search", "embed"):
         original = getattr(Index, name)
 
-        def held(self, *args, _original=original, **kwargs):
+        def held(self, *args, _original=original, _name=name, **kwargs):
             waited.append(released.wait(timeout=5))  # set by the event loop while the call waits
-            used.add(threading.get_ident())
+            if _name == "embed":
+                used.add(threading.get_ident())
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(Index, name, held)
@@ -397,7 +396,12 @@ def test_async_calls_from_the_frameworks_leave_their_event_loop_free(index, monk
         embedding.get_text_embedding_batch(texts),
     ]
     adapters = (retriever.source, embeddings.source, nodes.source, embedding._source)
-    assert used == {adapter.on_model.run(threading.get_ident) for adapter in adapters}
+    assert used == {model_thread(adapter.scheduler) for adapter in adapters}  # the model on theirs alone
+
+
+def model_thread(scheduler) -> int:
+    with scheduler.job("test", "thread") as job:
+        return scheduler.run(job, threading.get_ident)
 
 
 def test_the_rag_page_examples_run(index, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import RAGIDX, child_env
+from support.cli import RAGIDX, child_env
 
 fastapi = pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -21,7 +21,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from ragidx.app import Index  # noqa: E402
-from ragidx.app.model_thread import ModelThread  # noqa: E402
+from ragidx.app.scheduler import Scheduler  # noqa: E402
 from ragidx.app.server import create_app  # noqa: E402
 
 
@@ -265,16 +265,16 @@ def test_concurrent_requests_get_the_answers_of_sequential_ones(app, index):
         np.testing.assert_allclose(response.json()["vectors"][0], expected_vectors[row], atol=1e-5)
 
 
-def test_every_route_uses_the_index_on_the_one_model_thread(index, index_threads):
-    """Requests are answered on the server's threads (anyio's workers, the search batcher's);
-    every use of the index and its model runs on the model thread the app was given."""
-    used = index_threads("search", "embed", "context", "refresh", "info")
-    on_model = ModelThread()
-    client = TestClient(create_app(index, model_thread=on_model), base_url="http://localhost")
+def test_the_model_runs_on_the_schedulers_thread_alone(index, index_threads):
+    """Requests are answered on the server's threads; every use of the model (every embedding,
+    the searches' and the routes' own) runs on the thread of the scheduler the app was given,
+    and a keyword search runs where it was asked, never on that thread."""
+    used = index_threads("embed", "search")
+    scheduler = Scheduler()
+    client = TestClient(create_app(index, scheduler=scheduler), base_url="http://localhost")
     model = client.get("/v1/models").json()["data"][0]["id"]
     answers = [
         client.post("/search", json={"query": "compost heap", "k": 2}),
-        client.get("/search", params={"q": "tides", "k": 2, "mode": "lexical"}),
         client.post("/embed", json={"texts": ["compost"]}),
         client.post("/v1/embeddings", json={"input": "compost", "model": model}),
         client.post("/context", json={"query": "compost heap", "max_tokens": 60}),
@@ -282,10 +282,16 @@ def test_every_route_uses_the_index_on_the_one_model_thread(index, index_threads
         client.get("/info"),
     ]
     assert [answer.status_code for answer in answers] == [200] * len(answers)
-    assert set(used) == {"search", "embed", "context", "refresh", "info"}
-    assert all(threads == {on_model.run(threading.get_ident)} for threads in used.values()), used
-    refused = client.post("/search", json={"query": "   "})  # refused by Index.search, on the model thread
+    with scheduler.job("test", "thread") as job:
+        model_thread = scheduler.run(job, threading.get_ident)
+    assert used["embed"] == {model_thread}, used
+    used["search"].clear()
+    assert client.get("/search", params={"q": "tides", "k": 2, "mode": "lexical"}).status_code == 200
+    assert used["search"] and model_thread not in used["search"]
+    used["embed"].clear()
+    refused = client.post("/search", json={"query": "   "})  # refused by Index.search, no model asked
     assert refused.status_code == 422 and refused.json()["detail"] == "the query is empty"
+    assert not used["embed"]
 
 
 def test_the_search_page_is_served_without_a_build_step(client):

@@ -11,12 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_daemon import daemon_env, small_index
 
 import ragidx
 from ragidx.app import Index, RagidxError
-
-daemon_env, small_index = daemon_env, small_index  # the fixtures, used below
 
 # What a query through the daemon must not load in its own process: the model stack, the vector
 # index, the strategies and the model loader (each a part of the start-up the daemon is there to save).

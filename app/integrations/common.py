@@ -1,9 +1,10 @@
-"""What both frameworks' adapters share: an open index or a model to embed with, used on one
-thread of its own (a framework may call from several: its async calls run in a pool of threads;
-see :mod:`ragidx.app.model_thread`), and a hit's fields as a framework's metadata."""
+"""What both frameworks' adapters share: an open index or a model to embed with, its model used
+through a scheduler of its own (a framework may call from several threads: its async calls run in
+a pool; see :mod:`ragidx.app.scheduler`), and a hit's fields as a framework's metadata."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,13 @@ from typing import Any
 import numpy as np
 
 from ragidx.app.embedder import Embedder
-from ragidx.app.model_thread import ModelThread
 from ragidx.app.retriever import Hit, Index, SearchOptions
+from ragidx.app.scheduler import Scheduler
+from ragidx.app.served_index import ServedIndex, embed_in_slices
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import Role
+
+CLIENT = "python"  # the adapters' jobs, as the scheduler shows them
 
 
 def opened(index: Index | str | Path) -> Index:
@@ -23,42 +27,49 @@ def opened(index: Index | str | Path) -> Index:
 
 
 class Guarded:
-    """An index or an embedder whose searches and embeddings run one at a time, on its model's
-    thread, whichever thread asks."""
+    """An index or an embedder whose model work runs through its own scheduler, whichever thread
+    asks; a keyword search runs where it is asked."""
 
-    def __init__(self, source: Index | Embedder, on_model: ModelThread):
+    def __init__(self, source: Index | Embedder, scheduler: Scheduler):
         self.source = source
-        self.on_model = on_model
+        self.scheduler = scheduler
+        self.served = ServedIndex(source, scheduler) if isinstance(source, Index) else None
 
     @classmethod
     def of(cls, index: Index | str | Path | None, model: str | None, **options: Any) -> Guarded:
         """An index (``index``; its model loads on first use), or a model without one (``model``,
-        ``strategy=`` and its options; loaded now), on a model thread of their own."""
+        ``strategy=`` and its options; loaded now), with a scheduler of their own."""
         if (index is None) == (model is None):
             raise RagidxError("give an index to embed as it does, or a model (with its strategy), not both")
-        on_model = ModelThread()
-        source = opened(index) if index is not None else on_model.run(Embedder, model, **options)
-        return cls(source, on_model)
+        scheduler = Scheduler()
+        if index is not None:
+            return cls(opened(index), scheduler)
+        with scheduler.job(CLIENT, "load") as job:
+            return cls(scheduler.run(job, Embedder, model, **options), scheduler)
 
     def search(self, query: str, options: SearchOptions) -> list[Hit]:
-        return self.on_model.run(self.index().search, query, options)
+        with self.scheduler.job(CLIENT, "search") as job:
+            return self.index().search(query, options, job)
 
     def embed(self, texts: Sequence[str], role: Role) -> np.ndarray:
-        return self.on_model.run(self.source.embed, list(texts), role)
+        with self.scheduler.job(CLIENT, "embed") as job:
+            if self.served is not None:
+                return self.served.embed(texts, role, job)
+            return embed_in_slices(self.scheduler, job, self.source.embed, texts, role)
 
     async def asearch(self, query: str, options: SearchOptions) -> list[Hit]:
         """:meth:`search` for a framework's async calls: the event loop runs on meanwhile."""
-        return await self.on_model.arun(self.index().search, query, options)
+        return await asyncio.to_thread(self.search, query, options)
 
     async def aembed(self, texts: Sequence[str], role: Role) -> np.ndarray:
         """:meth:`embed` for a framework's async calls: the event loop runs on meanwhile."""
-        return await self.on_model.arun(self.source.embed, list(texts), role)
+        return await asyncio.to_thread(self.embed, texts, role)
 
-    def index(self) -> Index:
+    def index(self) -> ServedIndex:
         """The index searched; a model given without one cannot search."""
-        if not isinstance(self.source, Index):
+        if self.served is None:
             raise TypeError("searching needs an index")
-        return self.source
+        return self.served
 
 
 def hit_metadata(hit: Hit) -> dict[str, Any]:

@@ -7,8 +7,10 @@ long-running server share this code with the Python API.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -46,12 +48,27 @@ class SearchEngine:
         self.reader = reader
         self.embed = embed
         self.device = device
+        self._local = threading.local()  # a thread's own way to embed queries, while it says so
         self._vectors: Any = None
         self._earlier: Any = None  # the last generation's segments, whose files a new one may share
 
     @property
     def meta(self) -> dict[str, Any]:
         return self.reader.meta
+
+    @contextlib.contextmanager
+    def embedding_with(self, embed: Embed) -> Iterator[None]:
+        """Searches of this thread embed their queries with ``embed`` while the block runs (a
+        server's: it keeps the model to one thread of its own)."""
+        previous = getattr(self._local, "embed", None)
+        self._local.embed = embed
+        try:
+            yield
+        finally:
+            self._local.embed = previous
+
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        return (getattr(self._local, "embed", None) or self.embed)(texts)
 
     def refresh(self) -> None:
         """Follow the index at the reader's path (reopened when it was replaced; :func:`no_index`
@@ -171,7 +188,7 @@ class SearchEngine:
             return [{"dense": [], "lexical": []} for _ in queries]
         dense = None
         if "dense" in lists:
-            vectors = self.embed(list(queries)) if vectors is None else vectors
+            vectors = self._embed(list(queries)) if vectors is None else vectors
             dense = self._dense_rankings(vectors, limit, allowed, tuning)
         return [
             {

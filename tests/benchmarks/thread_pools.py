@@ -3,16 +3,16 @@
 - ``--compare faiss``: a query's hybrid search with FAISS on one thread for the one query
   (ragidx's way, ``one_thread_for_one_query`` in indexer/storage/vector_index.py) against FAISS on
   all of its threads; prints the medians of embedding the query and of the search (k=10).
-- ``--compare daemon``: the daemon's model work on its one model thread (ragidx's way,
-  ``ModelThread`` in app/model_thread.py) against each request's own thread, and the main thread
-  alone for reference; each request comes from a new thread, as a connection does, 50 ms apart;
-  prints the median of a hybrid search answered by ``Daemon.answer``.
+- ``--compare daemon``: the daemon's model work on its scheduler's one thread (ragidx's way,
+  app/scheduler.py) against each request's own thread (the scheduler's calls run where they are
+  made), and the main thread alone for reference; each request comes from a new thread, as a
+  connection does, 50 ms apart; prints the median of a hybrid search answered by ``Daemon.answer``.
 - ``--compare http``: the HTTP API (``create_app`` through Starlette's test client) with the model
-  loaded and used on one model thread (ragidx's way) against the model loaded on the main thread
-  and used on the threads that answer requests (the search batcher's, anyio's workers); prints
-  the medians of ``POST /search`` (hybrid) and ``POST /v1/embeddings`` (one text).
-- ``--compare langchain``: LangChain's retriever (``RagidxRetriever``) searching on its own model
-  thread (ragidx's way) against searching on the thread LangChain calls from; prints the medians
+  loaded and used on the scheduler's thread (ragidx's way) against the model loaded on the main
+  thread and used on the threads that answer requests (anyio's workers); prints the medians of
+  ``POST /search`` (hybrid) and ``POST /v1/embeddings`` (one text).
+- ``--compare langchain``: LangChain's retriever (``RagidxRetriever``) searching through its own
+  scheduler (ragidx's way) against searching on the thread LangChain calls from; prints the medians
   of ``await retriever.ainvoke(query)`` (LangChain runs it in a pool of threads) and then of
   ``retriever.invoke(query)`` from the main thread.
 
@@ -45,12 +45,12 @@ QUERIES = [
 SETTINGS = {
     "faiss": {"all": "FAISS on all threads", "one": "FAISS on one thread (ragidx)"},
     "daemon": {
-        "model": "one model thread (ragidx)",
+        "model": "the scheduler's thread (ragidx)",
         "request": "each request's own thread",
         "main": "the main thread, no request threads",
     },
-    "http": {"model": "one model thread (ragidx)", "request": "the request's thread"},
-    "langchain": {"model": "one model thread (ragidx)", "caller": "the caller's thread"},
+    "http": {"model": "the scheduler's thread (ragidx)", "request": "the request's thread"},
+    "langchain": {"model": "the scheduler's thread (ragidx)", "caller": "the caller's thread"},
 }
 
 
@@ -62,6 +62,12 @@ def median_ms(step: Callable[[str], object], queries: int, pause: float = 0.0) -
         step(QUERIES[i % len(QUERIES)])
         seconds.append(time.perf_counter() - started)
     return 1000 * statistics.median(seconds)
+
+
+def run_where_called(scheduler) -> None:
+    """Make ``scheduler`` run every call on the thread that makes it (the setting ragidx left)."""
+    scheduler.run = lambda job, work, *args, **kwargs: work(*args, **kwargs)
+    scheduler.run_batched = lambda job, key, item, merge: merge([item])[0]
 
 
 def faiss_threads(index_dir: str, queries: int, setting: str) -> str:
@@ -84,7 +90,7 @@ def daemon_threads(index_dir: str, queries: int, setting: str) -> str:
     with tempfile.TemporaryDirectory(prefix="rgx-") as scratch:
         daemon = Daemon(Path(scratch) / "d.sock", idle=600)
         if setting == "request":
-            daemon.model_thread.run = lambda work, *args: work(*args)  # type: ignore[method-assign]
+            run_where_called(daemon.scheduler)
 
         def answer(query: str) -> None:
             request = {"op": "search", "query": query, "index": index_dir, "device": "auto", "dtype": None}
@@ -109,15 +115,16 @@ def http_threads(index_dir: str, queries: int, setting: str) -> str:
     from fastapi.testclient import TestClient
 
     from ragidx.app import Index
-    from ragidx.app.model_thread import ModelThread
+    from ragidx.app.scheduler import Scheduler
     from ragidx.app.server import create_app
 
     index = Index.open(index_dir)
-    on_model = ModelThread()
+    scheduler = Scheduler()
     if setting == "request":
-        on_model.run = lambda work, *args, **kwargs: work(*args, **kwargs)  # type: ignore[method-assign]
-    on_model.run(lambda: index.strategy)  # loaded where it is used, as `ragidx serve` loads it
-    client = TestClient(create_app(index, model_thread=on_model), base_url="http://localhost")
+        run_where_called(scheduler)
+    with scheduler.job("benchmark", "load") as job:
+        scheduler.run(job, lambda: index.strategy)  # loaded where it is used, as `ragidx serve` loads it
+    client = TestClient(create_app(index, scheduler=scheduler), base_url="http://localhost")
     model = client.get("/v1/models").json()["data"][0]["id"]
 
     def search(query: str) -> None:
@@ -140,7 +147,7 @@ def langchain_threads(index_dir: str, queries: int, setting: str) -> str:
 
     retriever = RagidxRetriever.from_index(index_dir, k=10)
     if setting == "caller":
-        retriever.source.on_model.run = lambda work, *args, **kwargs: work(*args, **kwargs)  # type: ignore[method-assign]
+        run_where_called(retriever.source.scheduler)
 
     async def in_pool() -> float:
         for query in QUERIES:
