@@ -417,3 +417,60 @@ def test_a_daemon_killed_mid_answer_is_reported_not_asked_again(daemon_env, inst
     assert asking.returncode != 0 and len(fake.requests) == 1  # not asked again in the CLI's process
     assert out.strip() and set(out.split()) == {"word"}
     assert err.strip().splitlines()[-1].startswith("error: the daemon stopped while answering after part")
+    ragidx("query", "refund", "--index", instruct_index, env=daemon_env)  # a new daemon, and one only
+    assert daemon_pid(daemon_env) != pid and len(sockets(daemon_env)) == 1
+
+
+@contextlib.contextmanager
+def running_daemon(folder: Path):
+    from ragidx.app.daemon import Daemon
+
+    daemon = Daemon(folder / "d.sock", idle=120)
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stopping = True
+        runner.join(60)
+
+
+def request(path: Path, body: dict) -> socket.socket:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(str(path))
+    connection.sendall(json.dumps(body).encode() + b"\n")
+    return connection
+
+
+def test_a_daemon_query_waits_one_slice_behind_a_long_embed_whose_client_then_vanishes(
+    small_index, monkeypatch, tmp_path
+):
+    """In the daemon: a client embeds 2,000 texts (10 ms each: 20 s of model work) and another
+    searches meanwhile, answered in a slice's time; then the first client goes away and its
+    embedding stops within a second."""
+    original, embedded = Index.embed, []
+
+    def slow(self, texts, role="query"):
+        embedded.append(len(texts))
+        time.sleep(0.01 * len(texts))
+        return original(self, texts, role)
+
+    monkeypatch.setattr(Index, "embed", slow)
+    texts = [f"a line about tides, number {n}" for n in range(2000)]
+    with running_daemon(tmp_path) as daemon:
+        search = {"op": "search", "query": "tides", "index": str(small_index), "options": {"k": 2}}
+        assert "hits" in daemon.answer(search)  # loads the model
+        long = request(daemon.path, {"op": "embed", "index": str(small_index), "texts": texts})
+        while sum(embedded) < 200:
+            time.sleep(0.05)
+        started = time.monotonic()
+        assert len(daemon.answer(search)["hits"]) == 2
+        assert time.monotonic() - started < 2  # a slice (~0.4 s) behind the embedding, not 20 s
+        jobs = daemon.status()["jobs"]
+        assert [job["operation"] for job in jobs] == ["embed"] and jobs[0]["client"] == f"pid {os.getpid()}"
+        long.close()
+        closed, before = time.monotonic(), sum(embedded)
+        while daemon.status()["jobs"] and time.monotonic() - closed < 5:
+            time.sleep(0.05)
+        assert daemon.status()["jobs"] == [] and time.monotonic() - closed < 2
+        assert sum(embedded) - before < 200 and sum(embedded) < 1500  # stopped, not finished

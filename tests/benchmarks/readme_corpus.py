@@ -124,10 +124,22 @@ def check(corpus: Path, index: Path, extra: list[str]) -> None:
     print(
         f"model {report['model']} ({report['dtype']}), strategy {report['strategy']}, dense {report['dense']}"
     )
-    if report["sample"]:
-        sample = report["sample"]
-        print(f"sample: {sample['chunks']} chunks, keep vectors {sample['keep_vectors']}, {sample['tuning']}")
-    print(f"fusion: {report['fusion']}")
+    print(
+        f"embedded {report['embedded_tokens']} tokens in {report['embed_seconds']:.1f} s "
+        f"({report['tokens_per_second']:.0f} tokens/s); build {report['seconds']:.1f} s"
+    )
+    sample = report["sample"]
+    if sample:
+        print(
+            f"sample: {sample['documents']} documents, {sample['chunks']} chunks, {sample['tokens']} tokens, "
+            f"embedded in {sample['embed_seconds']:.1f} s ({sample['tokens_per_second']:.0f} tokens/s), "
+            f"tuned in {sample['tuning']['seconds']:.1f} s; keep vectors {sample['keep_vectors']}; "
+            f"rest estimated {sample['rest_tokens_estimate']} tokens, {sample['rest_seconds_estimate']} s"
+        )
+        print(f"sample nDCG@10: {sample['tuning']['ndcg@10']}")
+    fusion = report["fusion"] or {}
+    print(f"fusion: {fusion.get('method')} {fusion.get('weights')}, tuned in {fusion.get('seconds')} s")
+    print(f"fusion nDCG@10: {fusion.get('ndcg@10')}")
     modes = ["hybrid"] + (["dense"] if report["dense"] else [])
     scores = {mode: 0 for mode in modes}
     for question, answers in QUESTIONS:
@@ -166,6 +178,8 @@ def resume(corpus: Path, files: int, extra: list[str]) -> None:
             env={**os.environ, "RAGIDX_PROGRESS_SECONDS": "1"},
             stderr=subprocess.PIPE,
             text=True,
+            # Ctrl-C as at a terminal: a background job (nohup, &) starts with SIGINT ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         assert child.stderr is not None
         for line in child.stderr:  # "embedding: 75 kB of 137 kB (55%), ..." once a second
