@@ -4,7 +4,7 @@
 Unix socket (:mod:`ragidx.app.daemon_client`) and print its answer, so only the first call pays for
 imports, the tokenizer and the model. Each connection is served by a thread of its own; every use
 of a model goes through one :class:`~ragidx.app.scheduler.Scheduler`, which runs it on one thread,
-a slice at a time and clients in turn, so a long embed or a streamed answer holds nobody else up
+a slice at a time, the least served job first, so a long embed or a streamed answer holds nobody else up
 for more than a slice, and a keyword search (or a hybrid one that weighs the vectors 0) never
 waits for the model at all. Every request first follows the index at its path (a new generation,
 or the folder deleted, rebuilt or swapped: see :meth:`Index.refresh`). It keeps at most

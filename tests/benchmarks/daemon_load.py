@@ -82,8 +82,9 @@ def private_daemon():
 
 
 def daemons(env: dict[str, str]) -> list[int]:
-    """The daemon processes serving a socket of this run's folder."""
-    found = []
+    """The daemon processes serving a socket of this run's folder: not the command server each
+    forks beside it, nor that server's children, which carry the same command line."""
+    found: dict[int, int] = {}  # pid: parent pid
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -94,8 +95,15 @@ def daemons(env: dict[str, str]) -> list[int]:
                 and b"run" in command
                 and any(env["XDG_RUNTIME_DIR"].encode() in c for c in command)
             ):
-                found.append(int(proc.name))
-    return found
+                parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                found[int(proc.name)] = int(parent)
+    return [pid for pid, parent in found.items() if parent not in found]
+
+
+def interruptible() -> None:
+    """In a child: SIGINT as a terminal's Ctrl-C delivers it (a benchmark run in the background,
+    as by nohup or `&`, passes it on ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def daemon_pid(env: dict[str, str]) -> int:
@@ -193,6 +201,7 @@ def load(args: argparse.Namespace, env: dict[str, str]) -> dict[str, object]:
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                preexec_fn=interruptible,
             )
             for fake in fakes
         ]
@@ -235,7 +244,7 @@ def check_serve(index: str) -> dict[str, object]:
     with fake_chat("endless") as fake:
         server = subprocess.Popen(
             [RAGIDX, "serve", "--index", index, "--port", str(port), "--llm-url", fake.url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=interruptible,
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 300
