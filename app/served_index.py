@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages
+from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages, refuse_unfitted
 from ragidx.app.generation import Generated, Generator, LocalGenerator
 from ragidx.app.retriever import Index, check_budget, check_new_tokens, token_counter
 from ragidx.app.scheduler import SLICE_SECONDS, Cancelled, Job, Scheduler
@@ -125,7 +125,10 @@ class ServedIndex:
         return answers
 
     def embed(self, texts: Sequence[str], role: Role, job: Job) -> np.ndarray:
-        """The texts' vectors, a slice of about :data:`SLICE_SECONDS` at a time."""
+        """The texts' vectors with the index's model as it is now (a rebuild with another model
+        is followed; a deleted index is an error), a slice of about :data:`SLICE_SECONDS` at a time."""
+        with self.reading:
+            self.index.refresh()
         return embed_in_slices(self.scheduler, job, self.index.embed, texts, role)
 
     def context(
@@ -158,6 +161,7 @@ class ServedIndex:
         """:meth:`Index.ask`: a local model writes a token per slice; a chat endpoint is read on this
         thread, with no model held, and closed once ``job`` is cancelled."""
         check_new_tokens(asked.max_new_tokens)
+        started = time.perf_counter()
         generator: Generator = (
             self.index.generator(asked.llm, asked.llm_url)  # an endpoint: nothing to load
             if asked.llm_url
@@ -167,12 +171,14 @@ class ServedIndex:
         if not asked.closed_book:
             tokenizer = self.index.context_tokenizer(generator)
             context = self.context(question, options, job, asked.max_tokens, tokenizer, asked.relative_to)
+            refuse_unfitted(context)
         chat = messages(question, context)
+        prepared = time.perf_counter() - started
         if isinstance(generator, LocalGenerator):
             generated = self._write(generator, chat, asked.max_new_tokens, job, on_text)
         else:
             generated = generator.generate(chat, asked.max_new_tokens, on_text, cancel=job.cancel)
-        return generated.answer(question, generator.name, context)
+        return generated.answer(question, generator.name, context, prepared)
 
     def _write(
         self,

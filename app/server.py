@@ -32,6 +32,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ragidx import __version__
 from ragidx.app.embedder import Embedder
+from ragidx.app.generation import EndpointError
 from ragidx.app.http_jobs import until_done
 from ragidx.app.http_limits import limited_protocol
 from ragidx.app.openai_api import add_openai_routes, served_name
@@ -51,7 +52,7 @@ from ragidx.app.schemas import (
 from ragidx.app.served_index import ServedIndex, embed_in_slices
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import model_tokenizer
-from ragidx.indexer.strategies.base import Role
+from ragidx.indexer.strategies.base import TEXT_SLOT, Role, render
 
 MAX_BODY_BYTES = 1_000_000  # default bound on a request body (`ragidx serve --max-body-bytes`)
 ASK_FIELDS = ("max_tokens", "max_new_tokens", "closed_book")  # what an /ask body says besides the search
@@ -164,10 +165,28 @@ class ServedModel:
     def count_tokens(self, texts: Sequence[str]) -> int:
         """The texts' tokens with the model's tokenizer, as given (no template, no special tokens):
         a tokenizer of its own, not the model's (which the model's thread may be using)."""
-        model = self.served.meta()["model"] if isinstance(self.served, ServedIndex) else self.served.model
-        tokenizer = model_tokenizer(model)
         with self.counting:
-            return sum(len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"])
+            ids = self._tokenizer()(list(texts), add_special_tokens=False)["input_ids"]
+        return sum(len(row) for row in ids)
+
+    def too_long(self, texts: Sequence[str], role: Role) -> tuple[int, list[tuple[int, int]]]:
+        """The model's input length in tokens, and each text (position, tokens) that would pass it
+        once put in the role's template with the model's special tokens: the model would read
+        only its beginning."""
+        params = (
+            self.served.meta()["strategy_params"]
+            if isinstance(self.served, ServedIndex)
+            else self.served.strategy.params
+        )
+        template = params.get(f"{role}_template") or TEXT_SLOT
+        limit = int(params.get("max_length") or 512)
+        with self.counting:
+            ids = self._tokenizer()([render(template, text) for text in texts])["input_ids"]
+        return limit, [(n, len(row)) for n, row in enumerate(ids) if len(row) > limit]
+
+    def _tokenizer(self) -> Any:
+        model = self.served.meta()["model"] if isinstance(self.served, ServedIndex) else self.served.model
+        return model_tokenizer(model)
 
     def health(self) -> dict[str, Any]:
         if isinstance(self.served, ServedIndex):
@@ -224,6 +243,11 @@ def create_app(
     @app.exception_handler(RagidxError)
     def refused(_: Request, error: RagidxError) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": str(error)})
+
+    @app.exception_handler(EndpointError)
+    def upstream(_: Request, error: EndpointError) -> JSONResponse:
+        """The chat endpoint failed: a bad gateway, not a bad request."""
+        return JSONResponse(status_code=502, content={"detail": str(error)})
 
     @app.get("/health")
     def health() -> dict[str, Any]:

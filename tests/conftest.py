@@ -12,6 +12,16 @@ import pytest
 from support.cli import RAGIDX, child_env
 from tiny_models import DECODERS, ENCODER, SAMPLE_CORPUS, save_tiny_model, train_tokenizer
 
+# The files that take longest (worker seconds on two cores: real weights ~800, the CLI ~250, GGUF
+# conversion ~220, the index's life ~200) go first: the workers take a file at a time in
+# collection order, so one of them started last would run on alone after the other had finished.
+LONGEST_FIRST = ("test_real_models.py", "test_cli.py", "test_gguf.py", "test_lifecycle.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: number for number, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -204,12 +204,14 @@ def test_a_killed_build_resumes_from_its_journal_and_the_previous_index_stays(
     assert_same_vectors(index, dense_index)
 
 
-def test_a_journal_of_other_settings_is_not_taken(tmp_path, tiny_models, corpus):
+def test_a_journal_of_other_settings_is_not_taken(tmp_path, tiny_models, sample_corpus):
     model, index = tiny_models["llama"], tmp_path / "index"
     flags = ("--model", model, "--index", index, "--dtype", "float32", "--dense", "--no-tune")
-    killed = ragidx("build", corpus, *flags, "--chunk-tokens", CHUNK_TOKENS, check=False,
+    killed = ragidx("build", sample_corpus, *flags, "--chunk-tokens", CHUNK_TOKENS, check=False,
                     env={"RAGIDX_KILL_AT": JOURNAL_KILL_POINT})  # fmt: skip
     assert killed.returncode == -9 and (index / JOURNAL_NAME).is_file()
-    again = json.loads(ragidx("build", corpus, *flags, "--chunk-tokens", CHUNK_TOKENS + 8, "--json").stdout)
+    again = json.loads(
+        ragidx("build", sample_corpus, *flags, "--chunk-tokens", CHUNK_TOKENS + 8, "--json").stdout
+    )
     assert again["resumed"] is None and again["embedded_tokens"] == again["tokens"]
-    assert "resumed" not in ragidx("build", corpus, *flags).stdout
+    assert "resumed" not in ragidx("build", sample_corpus, *flags).stdout

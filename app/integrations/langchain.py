@@ -1,7 +1,7 @@
 """ragidx in LangChain (``pip install 'ragidx[langchain]'``): a retriever over an index and an
 embeddings class that embeds documents and queries each in its own role.
 
-    retriever = RagidxRetriever.from_index("my-index", k=5, mode="hybrid", filters={"path": "docs/*"})
+    retriever = RagidxRetriever(index="my-index", k=5, mode="hybrid", filters={"path": "docs/*"})
     chain = retriever | format_docs | prompt | llm
 """
 
@@ -14,9 +14,9 @@ from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, Callba
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict
+from pydantic import ConfigDict, model_validator
 
-from ragidx.app.integrations.common import Guarded, hit_metadata
+from ragidx.app.integrations.common import SEARCH_OPTION_NAMES, Guarded, hit_metadata
 from ragidx.app.retriever import Hit, Index, SearchOptions
 
 
@@ -30,6 +30,18 @@ class RagidxRetriever(BaseRetriever):
 
     source: Guarded
     options: SearchOptions = SearchOptions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_index(cls, given: Any) -> Any:
+        """``RagidxRetriever(index="my-index", k=5)``, as the embeddings class takes it: the
+        index (open, or its folder) and search options, in place of the internal fields."""
+        if isinstance(given, dict) and "index" in given:
+            given = dict(given)
+            index = given.pop("index")
+            options = {name: given.pop(name) for name in list(given) if name in SEARCH_OPTION_NAMES}
+            given.update(source=Guarded.of(index, None), options=SearchOptions.of(**options))
+        return given
 
     @classmethod
     def from_index(cls, index: Index | str | Path, **options: Any) -> RagidxRetriever:

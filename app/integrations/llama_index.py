@@ -1,7 +1,7 @@
 """ragidx in LlamaIndex (``pip install 'ragidx[llama-index]'``): a retriever over an index and an
 embedding model that embeds documents and queries each in its own role.
 
-    retriever = RagidxRetriever.from_index("my-index", k=5)
+    retriever = RagidxRetriever("my-index", k=5)
     engine = RetrieverQueryEngine.from_args(retriever, llm=your_llm)
 """
 
@@ -15,7 +15,7 @@ from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import PrivateAttr
 
-from ragidx.app.integrations.common import Guarded, hit_metadata
+from ragidx.app.integrations.common import SEARCH_OPTION_NAMES, Guarded, hit_metadata
 from ragidx.app.retriever import Hit, Index, SearchOptions
 
 
@@ -24,10 +24,15 @@ class RagidxRetriever(BaseRetriever):
     text, its metadata as in the LangChain retriever, and the hit's score). Search options are
     ragidx's (:class:`SearchOptions`)."""
 
-    def __init__(self, source: Guarded, options: SearchOptions | None = None, **kwargs: Any):
-        self.source = source
-        self.options = options or SearchOptions()
-        super().__init__(**kwargs)
+    def __init__(
+        self, index: Guarded | Index | str | Path, options: SearchOptions | None = None, **given: Any
+    ):
+        """``index``: an index (open, or its folder); ``given``: search options (``k=5``) and
+        LlamaIndex's own (``callback_manager``, ``verbose``)."""
+        searching = {name: given.pop(name) for name in list(given) if name in SEARCH_OPTION_NAMES}
+        self.source = index if isinstance(index, Guarded) else Guarded.of(index, None)
+        self.options = SearchOptions.of(options, **searching)
+        super().__init__(**given)
 
     @classmethod
     def from_index(cls, index: Index | str | Path, **options: Any) -> RagidxRetriever:

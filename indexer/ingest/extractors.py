@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ def extract_pdf(data: bytes) -> Extracted:
         from pypdf.errors import DependencyError, FileNotDecryptedError
     except ImportError:
         raise Unusable(PDF_HINT) from None
+    # pypdf logs what it repairs ("invalid pdf header", "EOF marker not found") to stderr, ahead
+    # of the build's own one-line report of a file it skips; its errors still come as exceptions
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):

@@ -379,11 +379,33 @@ def split_front_matter(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def guess_title(text: str, path: Path) -> str:
-    """A Markdown heading, an underlined reStructuredText title, a short first line, or the file name."""
-    lines = [line.strip() for line in text.strip().splitlines()[:3]]
+    """A Markdown heading, an underlined reStructuredText title, a short first line, or the file
+    name; lines of markup before the text (badges, images, directives) are passed over."""
+    lines = _content_lines(text)[:3]
     first = lines[0] if lines else ""
     if first.startswith("#"):
         return first.lstrip("#").strip() or path.stem
     if 0 < len(first) <= 120 and (len(lines) < 2 or not lines[1] or set(lines[1]) <= set("=-~^*#")):
         return first
     return path.stem
+
+
+MARKUP_LINE = re.compile(
+    r"^(?:(?:\|[^|]+\|\s*)+"  # reStructuredText substitutions: |Logo| |build-status|
+    r"|\.\.\s.*"  # a directive or comment: .. image:: logo.png
+    r"|:\w[\w-]*:.*"  # a directive's option: :target: https://...
+    r"|\[?!\[.*"  # Markdown images and badges: [![PyPI](...)](...)
+    r"|<[^>]*>.*"  # an HTML tag: <p align="center">
+    r"|([=\-~^*#+`])\1{2,})$"  # a title's overline
+)
+
+
+def _content_lines(text: str, scanned: int = 40) -> list[str]:
+    """The first ``scanned`` lines, stripped, from the first that is not markup on, markup lines
+    (and the indented lines under a directive) left out before it."""
+    lines = text.strip().splitlines()[:scanned]
+    for number, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped and not MARKUP_LINE.match(stripped) and not line[:1].isspace():
+            return [kept.strip() for kept in lines[number:]]
+    return []

@@ -14,10 +14,11 @@ query (measured on an AVX2-only CPU); memory alone picks them, where float32 doe
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,11 +157,16 @@ def measured_precision(hidden: int, intermediate: int) -> PrecisionProbe | None:
 
 
 def _cached_probe(path: Path, key: str) -> PrecisionProbe | None:
-    """The probe cached under ``key``; None where there is none (or one from another version)."""
+    """The probe cached under ``key``; None where there is none, or one from another version or
+    edited by hand into something that is not three speeds (it is then measured again)."""
     try:
-        return PrecisionProbe(**read_json_cache(path)[key])
+        probe = PrecisionProbe(**read_json_cache(path)[key])
     except (KeyError, TypeError):
         return None
+    speeds = astuple(probe)
+    if all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf for v in speeds):
+        return probe
+    return None
 
 
 def cpu_auto_dtype(hidden: int, intermediate: int) -> str:

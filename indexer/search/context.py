@@ -13,11 +13,14 @@ last whole sentence that does, and is dropped when not even one fits.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ragidx.indexer.search.hits import Hit
+
+LOOKS_LIKE_HEADER = re.compile(r"^(\s*)\[(\d+)\]", re.MULTILINE)  # a passage line a header could be
 
 CountTokens = Callable[[str], int]
 DEFAULT_MAX_TOKENS = 2000
@@ -99,11 +102,30 @@ class Context:
         }
 
 
-def render(passages: Sequence[Passage], relative_to: str | None = None) -> str:
-    """The context as a prompt takes it: each passage under its numbered header."""
-    return "\n\n".join(
-        f"{passage.header(number, relative_to)}\n{passage.text}" for number, passage in enumerate(passages, 1)
+def nothing_fits(context: Mapping[str, Any]) -> str | None:
+    """Why a context (``Context.to_dict``) holds no passage although the search found some: the
+    budget, said so, rather than "no results"; None when it holds some or none were found."""
+    cut = sum(1 for left in context["left_out"] if left["why"] == "budget")
+    if context["passages"] or not cut:
+        return None
+    return (
+        f"the search found {cut} passage{'s' if cut != 1 else ''}, but not one sentence of "
+        f"{'any' if cut != 1 else 'it'} fits in --max-tokens {context['max_tokens']}: give more tokens"
     )
+
+
+def render(passages: Sequence[Passage], relative_to: str | None = None) -> str:
+    """The context as a prompt takes it: each passage under its numbered header, its own lines
+    that look like one (``[4] notes/ledger.md:0-99``) escaped as ``\\[4]``, so a document cannot
+    forge a header and have the model's ``[4]`` credited to another passage."""
+    return "\n\n".join(
+        f"{' '.join(passage.header(number, relative_to).split())}\n{_unforgeable(passage.text)}"
+        for number, passage in enumerate(passages, 1)
+    )
+
+
+def _unforgeable(text: str) -> str:
+    return LOOKS_LIKE_HEADER.sub(r"\1\\[\2]", text)
 
 
 def merge_hits(hits: Sequence[Hit], rows: Mapping[int, Mapping[str, Any]]) -> list[Passage]:

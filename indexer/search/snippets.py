@@ -27,13 +27,14 @@ class Snippet:
     text: str
     highlights: list[Span] = field(default_factory=list)
 
-    def render(self, mark: Callable[[str], str]) -> str:
-        """The text with each highlighted span passed through ``mark`` (e.g. ANSI bold)."""
+    def render(self, mark: Callable[[str], str], clean: Callable[[str], str] = str) -> str:
+        """The text with each highlighted span passed through ``mark`` (e.g. ANSI bold), and
+        every part through ``clean`` first (what a document wrote, never what ``mark`` adds)."""
         parts, last = [], 0
         for start, end in self.highlights:
-            parts += [self.text[last:start], mark(self.text[start:end])]
+            parts += [clean(self.text[last:start]), mark(clean(self.text[start:end]))]
             last = end
-        return "".join(parts) + self.text[last:]
+        return "".join(parts) + clean(self.text[last:])
 
 
 @functools.cache

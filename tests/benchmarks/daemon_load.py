@@ -211,9 +211,9 @@ def load(args: argparse.Namespace, env: dict[str, str]) -> dict[str, object]:
             thread.start()
         time.sleep(args.seconds)
         alive_during = len(daemons(env))
+        interrupted = time.monotonic()
         for ask in asks:
             ask.send_signal(signal.SIGINT)
-        interrupted = time.monotonic()
         for fake in fakes:
             closings.append(
                 fake.closed_at - interrupted if fake.closed.wait(30) and fake.closed_at else float("inf")

@@ -18,13 +18,23 @@ def event(content: str) -> bytes:
 
 
 class FakeChat:
-    """Serves ``POST /v1/chat/completions`` on 127.0.0.1 in one of three ways: ``endless`` (a piece
-    every ``delay`` seconds, never done), ``hang`` (headers, then silence) or ``pieces`` (``count``
-    pieces, then ``[DONE]``). :attr:`opened` is set once a request arrives, :attr:`closed` (with
+    """Serves ``POST /v1/chat/completions`` on 127.0.0.1 in one of four ways: ``endless`` (a piece
+    every ``delay`` seconds, never done), ``hang`` (headers, then silence), ``pieces`` (``count``
+    pieces, then ``[DONE]``) or ``raw`` (``body`` with ``status`` and ``content_type``, then the
+    connection closed). :attr:`opened` is set once a request arrives, :attr:`closed` (with
     :attr:`closed_at`) once its client has closed the connection."""
 
-    def __init__(self, mode: str = "endless", delay: float = 0.05, count: int = 5):
+    def __init__(
+        self,
+        mode: str = "endless",
+        delay: float = 0.05,
+        count: int = 5,
+        body: bytes = b"",
+        status: int = 200,
+        content_type: str = "text/event-stream",
+    ):
         self.mode, self.delay, self.count = mode, delay, count
+        self.body, self.status, self.content_type = body, status, content_type
         self.opened = threading.Event()
         self.closed = threading.Event()
         self.closed_at: float | None = None
@@ -38,8 +48,8 @@ class FakeChat:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 fake.requests.append(json.loads(self.rfile.read(length) or b"{}"))
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
+                self.send_response(fake.status)
+                self.send_header("Content-Type", fake.content_type)
                 self.end_headers()
                 fake.opened.set()
                 try:
@@ -55,6 +65,9 @@ class FakeChat:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        if self.mode == "raw":  # ``body`` as it is, then the connection closes
+            handler.wfile.write(self.body)
+            return
         if self.mode == "pieces":
             for _ in range(self.count):
                 handler.wfile.write(event(WORD))
