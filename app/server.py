@@ -181,7 +181,7 @@ class ServedModel:
         template = params.get(f"{role}_template") or TEXT_SLOT
         limit = int(params.get("max_length") or 512)
         with self.counting:
-            ids = self._tokenizer()([render(template, text) for text in texts])["input_ids"]
+            ids = self._tokenizer()([render(template, text) for text in texts], verbose=False)["input_ids"]
         return limit, [(n, len(row)) for n, row in enumerate(ids) if len(row) > limit]
 
     def _tokenizer(self) -> Any:

@@ -16,7 +16,7 @@ from support.cli import assert_one_line_error, ragidx
 
 from ragidx.app import Index
 from ragidx.app.answering import problems
-from ragidx.app.generation import looping
+from ragidx.app.generation import MAX_LINE_BYTES, looping
 from ragidx.indexer.errors import RagidxError
 
 QUESTION = "How do I return a bicycle?"
@@ -88,6 +88,17 @@ def test_an_endpoint_of_the_wrong_shape_is_one_clear_error(index, line, said):
     with FakeChat("raw", body=line + DONE) as fake, pytest.raises(RagidxError, match=said) as raised:
         ask(index, fake)
     assert type(raised.value).__name__ == "EndpointError" and "\n" not in str(raised.value)
+
+
+def test_a_redirect_is_refused_and_an_endless_line_cut_short(index):
+    """A redirect is not followed (it would carry the key to another host); a line of more than
+    1 MiB ends the answer with an error, read no further."""
+    with FakeChat("raw", status=302) as fake, pytest.raises(RagidxError, match="redirected to"):
+        ask(index, fake)
+    assert len(fake.requests) == 1
+    huge = b"data: " + b"x" * (MAX_LINE_BYTES + 100) + b"\n\n"
+    with FakeChat("raw", body=huge) as fake, pytest.raises(RagidxError, match="a line longer than"):
+        ask(index, fake)
 
 
 def test_the_cli_exits_non_zero_for_a_cut_answer_and_warns_of_one_that_cites_nothing(index):
