@@ -223,7 +223,7 @@ class Decoding:
 
     def result(self) -> Generated:
         capped = len(self.tokens) >= self.max_new_tokens
-        status = ended(self.shown, self.finished, capped and not self.repeated, self.repeated)
+        status = ended(self.shown, self.finished, capped, self.repeated)
         return Generated(self.shown, len(self.tokens), self.first, time.perf_counter() - self.started, status)
 
 
@@ -466,7 +466,7 @@ class Reply:
                 self.ended = True
                 return
             yield from self._contents(self._event(data), "delta")
-        self.ended = self.ended or self.finish is not None  # some servers end at a finish reason
+        self.ended = self.finish is not None  # no [DONE]: some servers end at a finish reason
 
     def _event(self, data: str) -> dict[str, Any]:
         try:
