@@ -3,14 +3,17 @@ from __future__ import annotations
 import collections
 import os
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
 import pytest
-from support.cli import RAGIDX, child_env
-from tiny_models import DECODERS, ENCODER, SAMPLE_CORPUS, save_tiny_model, train_tokenizer
+
+from tests.support.cli import RAGIDX, child_env
+from tests.support.lifecycle import build
+from tests.support.tiny_models import DECODERS, ENCODER, SAMPLE_CORPUS, save_tiny_model, train_tokenizer
 
 # The files that take longest (worker seconds on two cores: real weights ~800, the CLI ~250, GGUF
 # conversion ~220, the index's life ~200) go first: the workers take a file at a time in
@@ -116,3 +119,28 @@ def small_index(tmp_path, tiny_models, sample_corpus) -> Path:
     options = {"model": str(tiny_models["qwen2"]), "device": "cpu", "progress": False, "tune": False}
     Index.update([sample_corpus / "notes", sample_corpus / "faq"], index, strategy="kv-embedding", **options)
     return index
+
+
+@pytest.fixture
+def corpus(tmp_path, sample_corpus) -> Path:
+    shutil.copytree(sample_corpus, tmp_path / "corpus")
+    return tmp_path / "corpus"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_models, sample_corpus):
+    """The sample corpus (a copy) and its index; tests copy both before changing them."""
+    root = tmp_path_factory.mktemp("lifecycle")
+    shutil.copytree(sample_corpus, root / "corpus")
+    build(root / "corpus", root / "index", tiny_models["qwen2"])
+    return root
+
+
+@pytest.fixture
+def workspace(built, tmp_path) -> tuple[Path, Path]:
+    """A private copy of the built corpus and index, at the same relative place."""
+    shutil.copytree(built / "corpus", tmp_path / "corpus")
+    shutil.copytree(built / "index", tmp_path / "index")
+    with sqlite3.connect(tmp_path / "index" / "ragidx.db") as db:
+        db.execute("update documents set path = replace(path, ?, ?)", [str(built), str(tmp_path)])
+    return tmp_path / "corpus", tmp_path / "index"

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.chat_server import FakeChat, event
-from support.cli import assert_one_line_error, ragidx
 
 from ragidx.app import Index
 from ragidx.app.answering import problems
 from ragidx.app.generation import MAX_LINE_BYTES, looping
 from ragidx.indexer.errors import RagidxError
+from tests.support.chat_server import FakeChat, event
+from tests.support.cli import assert_one_line_error, ragidx
 
 QUESTION = "How do I return a bicycle?"
 DONE = b"data: [DONE]\n\n"

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ragidx
-from tiny_models import save_tiny_model
 
 from ragidx.app import Index
 from ragidx.app.answering import Answer, cited_numbers, messages
 from ragidx.indexer.search.context import Context, Passage
+from tests.support.cli import assert_one_line_error, ragidx
+from tests.support.tiny_models import save_tiny_model
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

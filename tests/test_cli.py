@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
+
+from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from support.daemon import alive
-from test_cli import RAGIDX, assert_one_line_error, ragidx
-
 from ragidx.app import daemon_address, launcher
+from tests.support.cli import RAGIDX, assert_one_line_error, ragidx
+from tests.support.daemon import alive
 
 REPORT = "import atexit, json, sys; atexit.register(lambda: print(json.dumps([*sys.modules])))"
 SCRIPT = f"{REPORT}; from ragidx.app.launcher import main; main()"

@@ -9,10 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from support.cli import assert_one_line_error, ragidx
-from support.daemon import alive, sockets
-
 from ragidx.app import Index
+from tests.support.cli import assert_one_line_error, ragidx
+from tests.support.daemon import alive, sockets
 
 
 def test_answers_are_the_same_with_and_without_the_daemon(daemon_env, small_index):

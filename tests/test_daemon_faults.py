@@ -19,11 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.daemon import alive, sockets
-from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 
 from ragidx.app import Index, RagidxError, daemon_address, daemon_client
 from ragidx.app.daemon import REQUEST_SECONDS, Client, Daemon
+from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
+from tests.support.daemon import alive, sockets
 
 QUERY = "how does it work and what should I know"
 Ask = Callable[[], list[str] | str]  # the hits' folders for QUERY, or the error's text
@@ -347,7 +347,7 @@ def test_an_index_is_written_only_into_a_new_empty_or_index_folder(tmp_path, tin
 
 
 def test_a_read_only_index_can_be_queried_and_checked(corpora, tmp_path):
-    from test_faults import ragidx_powerless
+    from tests.support.cli import ragidx_powerless
 
     index = tmp_path / "index"
     shutil.copytree(corpora["notes"], index)

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
-from test_lifecycle import build, stored_vectors
+
+from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
+from tests.support.index_files import stored_vectors
+from tests.support.lifecycle import build
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")

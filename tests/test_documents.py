@@ -10,37 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import ragidx
 
 from ragidx.app import Index
 from ragidx.indexer.ingest import extractors
 from ragidx.indexer.ingest.sources import read_document, scan, span_pages
+from tests.support.cli import ragidx
+from tests.support.documents import KELP, LAGOONS, TIDES, write_pdf
 
 fpdf = pytest.importorskip("fpdf")
 docx = pytest.importorskip("docx")
 pypdf = pytest.importorskip("pypdf")
-
-TIDES = (
-    "Tidal power converts the energy of tides into electricity. Barrages hold water behind a dam and "
-    "release it through turbines when the tide turns, a sentence long enough to wrap over several lines."
-)
-LAGOONS = "Lagoons are cheaper than barrages in some estuaries."
-KELP = "Kelp forests grow fast in cold water rich in nutrients."
-
-
-def write_pdf(path: Path, pages: list[list[str]], title: str = "Tidal Notes") -> Path:
-    pdf = fpdf.FPDF()
-    pdf.set_title(title)
-    pdf.set_author("A. Writer")
-    pdf.set_subject("Energy")
-    pdf.set_font("Helvetica", size=12)
-    for paragraphs in pages:
-        pdf.add_page()
-        for paragraph in paragraphs:
-            pdf.multi_cell(0, 6, paragraph)
-            pdf.ln(6)
-    pdf.output(str(path))
-    return path
 
 
 def write_docx(path: Path) -> Path:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ragidx
 
 from ragidx.app.research.evaluation import document_text, load_beir, load_sts, subsample
 from ragidx.app.research.metrics import mean_retrieval_metrics, spearman
 from ragidx.indexer.errors import RagidxError
+from tests.support.cli import assert_one_line_error, ragidx
 
 
 @pytest.fixture(scope="module")

@@ -11,32 +11,17 @@ import re
 import shutil
 import sqlite3
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
-import test_lifecycle
-from child_setup import prepared, without_root_powers
-from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
-from test_lifecycle import QUERIES, build, search_all, stored_vectors
 
-built, workspace = (
-    test_lifecycle.built,
-    test_lifecycle.workspace,
-)  # the indexed sample corpus, copied per test
+from tests.support.child_setup import prepared, without_root_powers
+from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx, ragidx_powerless
+from tests.support.index_files import stored_vectors
+from tests.support.lifecycle import QUERIES, build, search_all
 
 F_SETPIPE_SZ = 1031  # Linux fcntl: a pipe's capacity
 PIPE_BYTES = 4096
-
-
-def ragidx_powerless(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        prepared(without_root_powers, [RAGIDX, *args]),
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=300,
-    )
 
 
 def test_a_folder_that_cannot_be_read_keeps_its_documents_and_is_reported(workspace, tiny_models):

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.cli import assert_one_line_error, ragidx
-from support.index_files import stored_vectors
 
 from ragidx.app import Index
 from ragidx.indexer.build import pipeline
@@ -22,6 +20,8 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import JOURNAL_KILL_POINT
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.location import JOURNAL_NAME
+from tests.support.cli import assert_one_line_error, ragidx
+from tests.support.index_files import stored_vectors
 
 CHUNK_TOKENS = 64  # small chunks: a corpus of a few hundred short files is over twice the sample
 QUERIES = ["why are there two tides a day", "how do I reset my password", "lighthouse keepers"]

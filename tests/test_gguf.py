@@ -18,11 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from child_setup import prepared, small_disk
-from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
-
-sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
-from random_gguf import write_random_gguf
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model import sources as models
@@ -34,20 +29,11 @@ from ragidx.indexer.model.sources import (
     canonical_model_id,
     resolve_model,
 )
-
-
-def write_gguf(path: Path, architecture: str = "llama", dtype: type = np.float32) -> Path:
-    from gguf import GGUFWriter
-
-    writer = GGUFWriter(str(path), architecture)
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.ones((16, 8), dtype=np.float32))
-    writer.add_tensor("blk.0.attn_q.weight", np.ones((8, 8), dtype=dtype))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+from tests.benchmarks.random_gguf import write_random_gguf
+from tests.support.child_setup import prepared, small_disk
+from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
+from tests.support.gguf_files import write_gguf
+from tests.support.model_checks import assert_cache_equals_transformers
 
 
 def cache_entries(cache: Path) -> list[str]:
@@ -186,29 +172,6 @@ def test_a_changed_file_is_refused_with_both_hashes(tmp_path):
     gguf.write_bytes(gguf.read_bytes() + b"\0")
     with pytest.raises(RagidxError, match=rf"changed since the index was built .*{recorded['sha256'][:12]}"):
         models.check_same_file(resolve_model(str(gguf)), recorded)
-
-
-def assert_cache_equals_transformers(source: ModelSource, scratch: Path) -> None:
-    """Each tensor of ``source``'s converted cache equals transformers' float32 conversion of the
-    same GGUF rounded to bf16, and the cache holds exactly the base model's weights."""
-    import torch
-    from safetensors import safe_open
-    from transformers import AutoModel
-
-    from ragidx.indexer.model.gguf import single_file
-
-    folder = Path(source.loadable())
-    with single_file(source.gguf, scratch) as path:
-        direct = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    expected = direct.state_dict()
-    got = {}
-    for file in folder.glob("*.safetensors"):
-        with safe_open(str(file), framework="pt") as weights:
-            got |= {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118 - not a dict
-    assert sorted(got) == sorted(expected)
-    for name, tensor in expected.items():
-        assert got[name].dtype == torch.bfloat16, name
-        assert torch.equal(got[name], tensor.to(torch.bfloat16)), name
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3"])

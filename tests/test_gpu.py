@@ -137,13 +137,12 @@ def test_bench_on_cuda_counts_gpu_memory_and_probes_a_large_product(tiny_models)
 def test_real_models_in_bfloat16_on_cuda_give_the_cpu_float32_vectors(model):
     """Every strategy the model takes, on the first chunk of each sample document and the probes:
     ``--dtype auto`` on a GPU (bf16) against float32 on the CPU, held to the CPU's bf16 floors."""
-    from test_real_models import AMPLIFIED_MIN_COSINE, MIN_COSINE, PROBES, installed
-    from test_real_models import decoder_strategies as real_strategies
-
     from ragidx.indexer.ingest.chunking import Chunker
     from ragidx.indexer.ingest.sources import SourceDocument, read_document, scan
     from ragidx.indexer.model.runtime import load_runtime
     from ragidx.indexer.strategies import create_strategy
+    from tests.support.real_models import AMPLIFIED_MIN_COSINE, MIN_COSINE, PROBES, installed
+    from tests.support.real_models import decoder_strategies as real_strategies
 
     cpu = load_runtime(installed(model), "cpu", "float32")
     gpu = load_runtime(model, "cuda", "auto")

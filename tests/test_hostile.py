@@ -13,10 +13,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from child_setup import bounded_memory, prepared
-from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
 
 from ragidx.app import Index, RagidxError
+from tests.support.child_setup import bounded_memory, prepared
+from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
 
 
 def bounded(*args: str | Path, seconds: float = 180) -> subprocess.CompletedProcess:
@@ -206,7 +206,7 @@ def test_mcp_answers_every_malformed_message_and_ends_with_its_input(small_index
 
 
 def test_mcp_argument_errors_are_one_short_line_without_the_input(small_index):
-    from test_mcp import session
+    from tests.support.mcp_client import session
 
     pytest.importorskip("mcp")
     _, index = small_index

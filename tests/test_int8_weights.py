@@ -118,10 +118,10 @@ def test_an_int8_model_computes_what_float32_computes_with_the_same_rounded_weig
 def test_an_int8_model_answers_with_an_int8_head_of_its_own(tmp_path):
     """``ragidx ask`` on an int8 model: the tied head is an int8 copy of the embedding (which
     stays 16-bit for the model's input), and the logits are the rounded float32 model's."""
-    from tiny_models import save_tiny_model
     from transformers import AutoModelForCausalLM
 
     from ragidx.app.generation import causal_lm
+    from tests.support.tiny_models import save_tiny_model
 
     folder = save_tiny_model("llama", tmp_path / "llama", overrides={"tie_word_embeddings": True})
     ours = causal_lm(load_runtime(str(folder), device="cpu", dtype="int8"))

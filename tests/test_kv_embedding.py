@@ -8,13 +8,13 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from tiny_models import DECODERS, save_tiny_model
 
 from ragidx.indexer.model.runtime import ModelRuntime
 from ragidx.indexer.strategies import create_strategy
 from ragidx.indexer.strategies.base import render
 from ragidx.indexer.strategies.kv_embedding import KV_DOCUMENT_TEMPLATE, KV_QUERY_TEMPLATE
 from ragidx.indexer.strategies.kv_rerouting import REROUTING_ATTRIBUTE
+from tests.support.tiny_models import DECODERS, save_tiny_model
 
 TEXTS = [
     "Tides rise twice a day.",
@@ -26,9 +26,8 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def mha_llama(tmp_path_factory, tiny_models):
     """A Llama with as many KV heads as query heads (plain multi-head attention), loaded by ragidx."""
-    from tiny_models import train_tokenizer
-
     from ragidx.indexer.model.runtime import load_runtime
+    from tests.support.tiny_models import train_tokenizer
 
     folder = tmp_path_factory.mktemp("mha") / "llama"
     save_tiny_model("llama", folder, train_tokenizer(), seed=3, overrides={"num_key_value_heads": 4})

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
-from module_graph import ROOT, ModuleImports, graph, package_of, read_imports
+from tests.benchmarks.module_graph import ROOT, ModuleImports, graph, package_of, read_imports
 
 # Imported inside functions only: heavy on start-up (the model stack, or >= 10 ms each measured
 # with `python -X importtime` on the development machine) or an optional extra that may be absent.

@@ -11,40 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
-from support.index_files import segment_vectors, stored_vectors
 
 from ragidx.indexer.faults import KILL_POINTS, MERGE_KILL_POINTS
-
-
-def build(corpus: Path, index: Path, model: Path, *extra: str, env: dict | None = None) -> dict:
-    args = ("build", corpus, "--model", model, "--index", index, "--json", *extra)
-    return json.loads(ragidx(*args, env=env).stdout)
-
-
-@pytest.fixture
-def corpus(tmp_path, sample_corpus) -> Path:
-    shutil.copytree(sample_corpus, tmp_path / "corpus")
-    return tmp_path / "corpus"
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory, tiny_models, sample_corpus):
-    """The sample corpus (a copy) and its index; tests copy both before changing them."""
-    root = tmp_path_factory.mktemp("lifecycle")
-    shutil.copytree(sample_corpus, root / "corpus")
-    build(root / "corpus", root / "index", tiny_models["qwen2"])
-    return root
-
-
-@pytest.fixture
-def workspace(built, tmp_path) -> tuple[Path, Path]:
-    """A private copy of the built corpus and index, at the same relative place."""
-    shutil.copytree(built / "corpus", tmp_path / "corpus")
-    shutil.copytree(built / "index", tmp_path / "index")
-    with sqlite3.connect(tmp_path / "index" / "ragidx.db") as db:
-        db.execute("update documents set path = replace(path, ?, ?)", [str(built), str(tmp_path)])
-    return tmp_path / "corpus", tmp_path / "index"
+from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
+from tests.support.index_files import segment_vectors, stored_vectors
+from tests.support.lifecycle import QUERIES, build, search_all
 
 
 def test_incremental_build_embeds_only_what_changed(workspace, tiny_models, tmp_path):
@@ -269,16 +240,6 @@ def test_auto_strategy_is_the_models_default_at_every_length(tmp_path, tiny_mode
     assert (info["strategy"], info["strategy_reason"]) == ("aligned-wva", reason)
     again = ragidx("build", long_docs, "--index", tmp_path / "long-index", "--strategy", "auto")
     assert again.stdout.startswith("0 new, 0 updated, 3 unchanged, 0 removed")
-
-
-def search_all(index: Path, queries: list[str]) -> list[list[tuple[int, float]]]:
-    from ragidx.app import Index
-
-    with Index.open(index, device="cpu") as opened:
-        return [[(h.chunk_id, round(h.score, 5)) for h in opened.search(q, k=5)] for q in queries]
-
-
-QUERIES = ["keeping ships off the rocks", "compost heap smells", "password reset link"]
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import ragidx
-from test_real_model import EVAL_DATA
-from test_real_models import installed
+
+from tests.support.cli import ragidx
+from tests.support.real_models import EVAL_DATA, installed
 
 pytestmark = pytest.mark.real
 

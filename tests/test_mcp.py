@@ -10,14 +10,14 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_cli import RAGIDX, child_env, ragidx
-from test_documents import KELP, LAGOONS, TIDES, write_pdf
 
 from ragidx.app import Index
 from ragidx.indexer.ingest.sources import read_document
+from tests.support.cli import ragidx
+from tests.support.documents import KELP, LAGOONS, TIDES, write_pdf
+from tests.support.mcp_client import session
 
 mcp = pytest.importorskip("mcp")
-from mcp.client.stdio import StdioServerParameters  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +35,6 @@ def mcp_index(tmp_path_factory, tiny_models, mcp_corpus) -> Path:
     index = tmp_path_factory.mktemp("mcp") / "index"
     ragidx("build", mcp_corpus, "--model", tiny_models["qwen2"], "--index", index, "--chunk-tokens", "32")
     return index
-
-
-def session(index: Path, script) -> dict:
-    """Run ``script(client)`` against ``ragidx mcp --index INDEX`` and return what it collected."""
-
-    async def main() -> dict:
-        server = StdioServerParameters(command=RAGIDX, args=["mcp", "--index", str(index)], env=child_env())
-        async with mcp.Client(server, read_timeout_seconds=120) as client:
-            return await script(client)
-
-    return asyncio.run(main())
 
 
 def structured(result) -> dict:

@@ -16,17 +16,18 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
-from test_lifecycle import QUERIES
 
 from ragidx.app import Index, RagidxError
 from ragidx.indexer.faults import MILVUS_KILL_POINTS
+from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
+from tests.support.lifecycle import QUERIES
 
 pytest.importorskip("pymilvus", reason="--store milvus needs pymilvus")
 pytest.importorskip("milvus_lite", reason="the tests run Milvus on milvus-lite")
 
 MODES = ("dense", "hybrid", "lexical")
 Answers = dict[str, list[list[tuple[int, float]]]]
+MILVUS_CHILD = str(Path(__file__).parent / "support" / "milvus_child.py")  # one pymilvus call per run
 
 
 def update(corpus: Path, index: Path, model: Path, **options: object) -> dict:
@@ -53,9 +54,15 @@ def meta(index: Path, key: str) -> object:
 
 
 def direct(action: str, uri: str | Path, collection: str = "ragidx", argument: object = None) -> object:
-    """One direct pymilvus call (tests/milvus_child.py), in a child process: this one must not
+    """One direct pymilvus call (tests/support/milvus_child.py), in a child process: this one must not
     hold a milvus-lite file open."""
-    args = [sys.executable, str(Path(__file__).with_name("milvus_child.py")), action, str(uri), collection]
+    args = [
+        sys.executable,
+        MILVUS_CHILD,
+        action,
+        str(uri),
+        collection,
+    ]
     result = subprocess.run(
         [*args, *([json.dumps(argument)] if argument is not None else [])],
         capture_output=True,
@@ -138,7 +145,13 @@ def test_check_repairs_the_collection_and_refuses_another_index(in_milvus):
     assert problems(in_milvus) == [] and meta(in_milvus, "generation") == 2
     assert answers(in_milvus) == before
     holder = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("milvus_child.py")), "hold", store["uri"], "ragidx"],
+        [
+            sys.executable,
+            MILVUS_CHILD,
+            "hold",
+            store["uri"],
+            "ragidx",
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

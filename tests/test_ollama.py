@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ragidx
-from test_gguf import write_gguf
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.ollama import MODEL_LAYER, OllamaName, find_ollama_model
 from ragidx.indexer.model.sources import PACKAGED_MODELS, canonical_model_id
+from tests.support.cli import assert_one_line_error, ragidx
+from tests.support.gguf_files import write_gguf
 
 SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "sample_corpus"
 

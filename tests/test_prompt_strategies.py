@@ -6,8 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_strategies import plain_final_states, unit
-from tiny_models import DECODERS
 from transformers import LlamaConfig
 
 from ragidx.indexer.errors import RagidxError
@@ -15,6 +13,8 @@ from ragidx.indexer.strategies import REGISTRY, create_strategy
 from ragidx.indexer.strategies.base import preprocess_for_prompt
 from ragidx.indexer.strategies.contrastive import default_settings, intervene
 from ragidx.indexer.strategies.paper_models import LLAMA2_7B, LLAMA3_8B
+from tests.support.model_checks import plain_final_states, unit
+from tests.support.tiny_models import DECODERS
 
 TEXTS = [
     "A heat pump moves heat instead of making it.",

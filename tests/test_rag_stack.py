@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, child_env, ragidx
 
 from ragidx.app import Index, RagidxError
 from ragidx.indexer.ingest.sources import read_document
 from ragidx.indexer.storage.location import no_index
+from tests.support.cli import assert_one_line_error, child_env, ragidx
 
 QUERIES = [
     "why are there two tides a day",

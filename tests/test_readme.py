@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import child_env
+
+from tests.support.cli import child_env
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 PYTHON_API = README.with_name("docs") / "python-api.md"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.real_models import EVAL_DATA
+
 pytestmark = pytest.mark.real
 
-EVAL_DATA = Path(os.environ.get("RAGIDX_EVAL_DATA", Path(__file__).resolve().parents[2] / "shared" / "eval"))
 SCIFACT = EVAL_DATA / "scifact"
 MAX_DOCS, MAX_QUERIES = 150, 30
 

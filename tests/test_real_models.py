@@ -14,37 +14,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import RAGIDX, assert_one_line_error, child_env, ragidx
-from test_real_model import EVAL_DATA
-from test_traced_readout import eager_vector
 
 from ragidx.indexer.model.sources import PACKAGED_MODELS
+from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
+from tests.support.model_checks import eager_vector
+from tests.support.real_models import (
+    AMPLIFIED_MIN_COSINE,
+    EVAL_DATA,
+    MIN_COSINE,
+    PROBES,
+    SAMPLE_CORPUS,
+    decoder_strategies,
+    installed,
+)
 
 pytestmark = pytest.mark.real
 
 REAL_DECODERS = ("smollm2", "gemma3-270m")
 STSB_DEV = EVAL_DATA / "stsb" / "sts-dev.csv"
-SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "sample_corpus"
-# Natural questions, each answered by one document of the sample corpus (chosen before measuring).
-PROBES = {
-    "why are there two tides a day?": "tides.md",
-    "how do I reset my password?": "password-reset.html",
-    "how does a heat pump warm a house?": "heat-pump.html",
-    "what does a write-ahead log do in a database?": "write-ahead-log.html",
-    "how do I keep a sourdough starter alive?": "sourdough.txt",
-    "how long does shipping take?": "shipping.txt",
-    "how to make compost at home": "composting.txt",
-    "how do I squash commits with git rebase?": "git-rebase.md",
-}
 # Every strategy must find at least 3 of the 8 documents first and reach a reciprocal rank of 0.5 on
 # average over 13 documents. Chance gives 1/13 first and 0.25; htp with a placeholder at the
 # attention sink (before --sink) gave 2 first and 0.42 on SmolLM2. The default strategy must find all.
 MIN_FOUND_FIRST, MIN_MRR = 3, 0.5
-MIN_COSINE = 0.999  # bf16 and int8 weights' vectors vs float32's, every strategy (int8: all of
-# them at 0.9994 or more), but for these two in bf16:
-# kv-embedding's re-routing and cp's difference of two passes amplify rounding (one chunk at 0.9977
-# on each model), yet STS-B dev and SciFact held within noise of float32 (docs/precision.md).
-AMPLIFIED_MIN_COSINE = {"kv-embedding": 0.995, "cp": 0.995}
 BFLOAT16_CHECKED_TOKENS = 1200  # the first chunks up to this many tokens are embedded in float32 too
 STS_PAIRS = 100  # the first STS-B dev pairs (the suite has a time budget)
 PROMPTEOL_STS_FLOOR = 60.0  # Spearman x 100 on them; the same architecture with random weights: ~0
@@ -55,12 +46,6 @@ PROMPTEOL_STS_FLOOR = 60.0  # Spearman x 100 on them; the same architecture with
 # (last, cot, knowledge), echo, tp, and wva/va (aligned-wva without its alignment or weights).
 PROBED_CHUNKS = 2  # per document (but for the default strategy): its opening carries its subject
 GEMMA_STRATEGIES = {"prompteol", "htp", "kv-embedding", "aligned-wva", "cp", "mean"}
-
-
-def installed(name: str) -> str:
-    if PACKAGED_MODELS[name].paths() is None:
-        pytest.skip(f"{name} is not installed ({PACKAGED_MODELS[name].install})")
-    return name
 
 
 @pytest.fixture(scope="session", params=REAL_DECODERS)
@@ -100,12 +85,6 @@ def sample_documents():
 
     found = scan([SAMPLE_CORPUS], keep_text=False).documents
     return [doc for doc in (read_document(Path(d.path)) for d in found) if isinstance(doc, SourceDocument)]
-
-
-def decoder_strategies() -> list[str]:
-    from ragidx.indexer.strategies import REGISTRY
-
-    return [*sorted(name for name, cls in REGISTRY.items() if cls.decoder_only), "mean"]
 
 
 @pytest.mark.parametrize("name", decoder_strategies())
@@ -191,9 +170,8 @@ def test_prompteol_reaches_the_sts_floor_that_random_weights_cannot(real_runtime
 def test_the_converted_cache_is_transformers_conversion_rounded_once(name, tmp_path):
     """Every tensor ragidx's streamed conversion writes equals transformers' own dequantisation of
     the GGUF (its names, Llama's q/k permutation, Gemma's norm offsets) rounded to the cache's type."""
-    from test_gguf import assert_cache_equals_transformers
-
     from ragidx.indexer.model.sources import resolve_model
+    from tests.support.model_checks import assert_cache_equals_transformers
 
     source = resolve_model(installed(name))
     assert_cache_equals_transformers(source, tmp_path)
@@ -238,11 +216,11 @@ def test_a_changed_gguf_file_is_refused_by_query_and_build(tmp_path):
 
 @pytest.mark.parametrize("name", [*REAL_DECODERS, "minilm"])
 def test_the_fast_tokenizer_loader_gives_autotokenizers_ids_on_real_models(name):
-    from test_runtime import assert_same_tokenizer
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     from ragidx.indexer.model.sources import resolve_model
     from ragidx.indexer.model.tokenizer_cache import load_tokenizer
+    from tests.support.model_checks import assert_same_tokenizer
 
     folder = resolve_model(installed(name)).loadable()
     auto = AutoTokenizer.from_pretrained(folder)

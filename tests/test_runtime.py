@@ -13,6 +13,7 @@ import torch
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import load_runtime, plan_batches, resolve_device, resolve_dtype
 from ragidx.indexer.strategies.paper_models import GEMMA3_270M, SMOLLM2_135M
+from tests.support.model_checks import TOKENIZER_TEXTS, assert_same_tokenizer
 
 
 def test_plan_batches_sorts_by_length_and_respects_the_token_budget():
@@ -266,27 +267,6 @@ def test_bfloat16_loads_and_stays_close_to_float32(tiny_models, runtimes):
     runtime = load_runtime(str(tiny_models["llama"]), device="cpu", dtype="bfloat16")
     assert runtime.dtype == torch.bfloat16
     assert float((create_strategy("mean", runtime).encode(text) * reference).sum()) > 0.99
-
-
-TOKENIZER_TEXTS = [
-    "Why are there two tides a day? The Moon pulls the near-side ocean.",
-    "Sentence number 1 of 9 and 2024's 3.5 tides",
-    "  leading spaces, ÜNÏCÖDE, emoji 🌊, CJK 日本の首都は東京です, tabs\tand\nlines  ",
-    "<PST> looks special but is not one; neither is [SEP] in text",
-    "x" * 600,
-]
-
-
-def assert_same_tokenizer(fast, auto) -> None:
-    """The same ids (with and without special tokens), offsets, size and special tokens."""
-    for added in (True, False):
-        ours = fast(TOKENIZER_TEXTS, add_special_tokens=added, return_offsets_mapping=True)
-        theirs = auto(TOKENIZER_TEXTS, add_special_tokens=added, return_offsets_mapping=True)
-        assert ours["input_ids"] == theirs["input_ids"]
-        assert ours["offset_mapping"] == theirs["offset_mapping"]
-    assert len(fast) == len(auto) and fast.all_special_ids == auto.all_special_ids
-    for name in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token"):
-        assert getattr(fast, name) == getattr(auto, name), name
 
 
 def test_the_fast_tokenizer_loader_gives_autotokenizers_ids(tiny_models):

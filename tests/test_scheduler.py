@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.chat_server import FakeChat
-from support.cli import RAGIDX, child_env, ragidx
-from support.daemon import alive, sockets
 
 from ragidx.app import Index
 from ragidx.app.scheduler import Busy, Cancelled, Scheduler
 from ragidx.app.served_index import ServedIndex
+from tests.support.chat_server import FakeChat
+from tests.support.cli import RAGIDX, child_env, ragidx
+from tests.support.daemon import alive, sockets
 
 QUESTION = "How do I return a bicycle?"
 CHATML = (

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_lifecycle import segment_vectors
 
 from ragidx.app import Index
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.search.fusion import Fusion
+from tests.support.search_checks import independent_dense, independent_fusion, independent_lexical
 
 
 @pytest.fixture(scope="module")
@@ -88,61 +87,6 @@ def test_weights_parse_and_normalise():
     with pytest.raises(RagidxError, match="unknown fusion method 'zscore'"):
         Fusion(method="zscore")
     assert Fusion.parse("lexical=2") == Fusion(0.0, 2.0)
-
-
-def independent_fusion(
-    dense: list[tuple[int, float]],
-    lexical: list[tuple[int, float]],
-    w_dense: float,
-    w_lexical: float,
-    method: str = "rrf",
-) -> list[tuple[int, float]]:
-    """Σ w·part over the lists weighted above 0, the part 1/(60 + rank) (rrf) or (score - min)/(max -
-    min) over the list (minmax), ties by the equal-weight RRF sum and then by id: the formulas,
-    written out."""
-    items = ({i for i, _ in dense} if w_dense else set()) | ({i for i, _ in lexical} if w_lexical else set())
-    d_rank = {i: r for r, (i, _) in enumerate(dense, start=1)}
-    l_rank = {i: r for r, (i, _) in enumerate(lexical, start=1)}
-
-    def rrf(ranks: dict[int, int], i: int) -> float:
-        return 1 / (60 + ranks[i]) if i in ranks else 0.0
-
-    def minmax(ranking: list[tuple[int, float]], i: int) -> float:
-        scores = dict(ranking)
-        if i not in scores:
-            return 0.0
-        low, high = min(scores.values()), max(scores.values())
-        return (scores[i] - low) / (high - low) if high > low else 1.0
-
-    def part(name: str, i: int) -> float:
-        if method == "rrf":
-            return rrf(d_rank if name == "dense" else l_rank, i)
-        return minmax(dense if name == "dense" else lexical, i)
-
-    scored = [(i, w_dense * part("dense", i) + w_lexical * part("lexical", i)) for i in items]
-
-    def tie(i: int) -> float:  # equal-weight RRF over the lists taking part
-        return (rrf(d_rank, i) if w_dense else 0.0) + (rrf(l_rank, i) if w_lexical else 0.0)
-
-    return sorted(scored, key=lambda p: (-p[1], -tie(p[0]), p[0]))
-
-
-def independent_lexical(index: Index, words: list[str]) -> list[tuple[int, float]]:
-    with sqlite3.connect(index.reader.directory / "ragidx.db") as db:
-        rows = db.execute(
-            "select rowid, bm25(chunks_fts) from chunks_fts where chunks_fts match ? order by 2, 1 limit 100",
-            [" OR ".join(words)],
-        ).fetchall()
-    return [(rowid, -score) for rowid, score in rows]
-
-
-def independent_dense(index: Index, query: str, limit: int = 100) -> list[tuple[int, float]]:
-    stored = segment_vectors(index.reader.directory)
-    ids = np.array(list(stored))
-    vectors = np.stack(list(stored.values()))
-    scores = vectors @ index.strategy.encode([query], "query")[0]
-    order = np.argsort(-scores, kind="stable")[:limit]
-    return [(int(ids[i]), float(scores[i])) for i in order]
 
 
 def test_each_mode_matches_an_independent_ranking(index):

@@ -10,8 +10,6 @@ import sqlite3
 
 import numpy as np
 import pytest
-from test_lifecycle import segment_vectors
-from test_store import record, vectors
 
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.reader import IndexReader
@@ -23,6 +21,8 @@ from ragidx.indexer.storage.segments import (
     plan_merge,
 )
 from ragidx.indexer.storage.writer import IndexWriter
+from tests.support.index_files import segment_vectors
+from tests.support.index_records import record, vectors
 
 AUTO = VectorIndexSettings()
 META = {"model": "m", "strategy": "mean", "strategy_params": {}, "dimension": 8}

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.cli import RAGIDX, child_env
+
+from tests.support.cli import RAGIDX, child_env
 
 fastapi = pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from test_token_prepending import spans_of
-
 from ragidx.indexer.search.snippets import SNIPPET_CHARS, Snippet, make_snippet, query_stems
+from tests.support.documents import spans_of
 
 
 def test_query_stems_drop_stop_words_unless_nothing_else_is_left():

@@ -6,12 +6,12 @@ import threading
 
 import numpy as np
 import pytest
-import torch
-from tiny_models import DECODERS
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies import REGISTRY, create_strategy
 from ragidx.indexer.strategies.base import preprocess_for_prompt
+from tests.support.model_checks import plain_final_states, unit
+from tests.support.tiny_models import DECODERS
 
 TEXTS = [
     "A heat pump moves heat instead of making it.",
@@ -21,18 +21,6 @@ TEXTS = [
     "coast passes through as the Earth turns; spring tides follow new and full moons.",
     "Short.",
 ]
-
-
-def plain_final_states(model, tokenizer, text: str) -> torch.Tensor:
-    """Final hidden states (after the final norm) of one unpadded sequence."""
-    ids = tokenizer(text, return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        return model(input_ids=ids).last_hidden_state[0]
-
-
-def unit(vector: torch.Tensor) -> np.ndarray:
-    vector = vector.double().numpy()
-    return vector / np.linalg.norm(vector)
 
 
 @pytest.mark.parametrize("arch", DECODERS)

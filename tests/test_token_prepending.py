@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import DECODERS, save_tiny_model, train_tokenizer
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.strategies import create_strategy
 from ragidx.indexer.strategies.token_prepending import default_window
+from tests.support.documents import spans_of
+from tests.support.tiny_models import DECODERS, save_tiny_model, train_tokenizer
 
 SENTENCES = [
     "The lighthouse stood on the rock.",
@@ -24,15 +25,6 @@ SENTENCES = [
 ]
 TEXT = " ".join(SENTENCES)
 QUERY_PREFIX = "Retrieve relevant document. Text:"
-
-
-def spans_of(text: str, sentences: list[str]) -> list[tuple[int, int]]:
-    spans, cursor = [], 0
-    for sentence in sentences:
-        start = text.index(sentence, cursor)
-        spans.append((start, start + len(sentence)))
-        cursor = start + len(sentence)
-    return spans
 
 
 def expected_layout(tokenizer, sentences: list[str], pst: int, bpst: int, prefix: str = ""):

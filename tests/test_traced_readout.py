@@ -13,8 +13,8 @@ import torch
 
 from ragidx.indexer.model.runtime import Batch, load_runtime
 from ragidx.indexer.strategies import create_strategy, strategy_class
-from ragidx.indexer.strategies.base import l2_normalise
 from ragidx.indexer.strategies.traced_readout import TracedReadout, longest_traceable
+from tests.support.model_checks import eager_vector
 
 TEXTS = [
     "Keep the compost heap damp.",
@@ -24,14 +24,6 @@ TEXTS = [
     "Tides",
 ]
 TRACEABLE = ["mean", "last", "prompteol", "va", "wva", "aligned-wva", "kv-embedding"]
-
-
-def eager_vector(strategy, text: str) -> np.ndarray:
-    """The readout of the text's one-row batch, run as written (hooks, early exit and all)."""
-    ids = torch.tensor([strategy.token_ids(text, "query")])
-    with torch.inference_mode():
-        vector = strategy.readout(Batch.single(ids), ())
-    return l2_normalise(vector.float().numpy())[0]
 
 
 def one_at_a_time(strategy, texts: list[str]) -> np.ndarray:

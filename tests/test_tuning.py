@@ -10,8 +10,6 @@ import sqlite3
 
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, ragidx
-from test_search import independent_dense, independent_fusion
 
 from ragidx.app import Index
 from ragidx.indexer.build.pipeline import BuildOptions, build
@@ -26,6 +24,8 @@ from ragidx.indexer.build.tuning import (
 )
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.writer import IndexWriter
+from tests.support.cli import assert_one_line_error, ragidx
+from tests.support.search_checks import independent_dense, independent_fusion
 
 
 def options(model, folder, **extra) -> BuildOptions:

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import DECODERS
 from transformers import LlamaConfig, Qwen3Config
 
 from ragidx.indexer.errors import RagidxError
@@ -14,6 +13,7 @@ from ragidx.indexer.strategies import create_strategy
 from ragidx.indexer.strategies.base import preprocess_for_prompt
 from ragidx.indexer.strategies.layers import parse_layers
 from ragidx.indexer.strategies.value_aggregation import default_layer_set
+from tests.support.tiny_models import DECODERS
 
 TEXTS = [
     "A heat pump moves heat instead of making it.",

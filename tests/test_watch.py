@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from child_setup import interruptible, prepared
-from test_cli import RAGIDX, child_env
 
 from ragidx.app import Index
 from ragidx.indexer.build.watch import DocumentFilter, Pending
 from ragidx.indexer.ingest.sources import normal_path
 from ragidx.indexer.storage.writer import IndexWriter
+from tests.support.child_setup import interruptible, prepared
+from tests.support.cli import RAGIDX, child_env
 
 pytest.importorskip("watchfiles")
 

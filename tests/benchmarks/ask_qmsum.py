@@ -2,7 +2,7 @@
 the annotators' answers, and whether the passages overlap the turns the answer came from.
 
     pip install rouge-score
-    python tests/benchmarks/ask_qmsum.py ../shared/eval/qmsum [--split dev] [--meetings 4]
+    python -m tests.benchmarks.ask_qmsum ../shared/eval/qmsum [--split dev] [--meetings 4]
         [--questions 24] [--model smollm2] [--llm NAME | --llm-url URL] [-k 10] [--max-tokens 1500]
         [--max-new-tokens 128] [--index DIR] [--json FILE]
 

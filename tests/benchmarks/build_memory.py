@@ -1,6 +1,6 @@
 """Peak memory of `ragidx build` on a corpus and on ten times that corpus.
 
-Usage: python tests/benchmarks/build_memory.py --model DIR [--docs 300] [--scale 10] [--jsonl FILE]
+Usage: python -m tests.benchmarks.build_memory --model DIR [--docs 300] [--scale 10] [--jsonl FILE]
 
 Documents are SciFact abstracts (../shared/eval/scifact/corpus.jsonl), one .txt file each; the
 larger corpus holds ``scale`` times as many distinct documents. Each build runs in its own

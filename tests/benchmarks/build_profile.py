@@ -1,6 +1,6 @@
 """Where a build spends its time: model forward vs everything else, step by step.
 
-Usage: python tests/benchmarks/build_profile.py [--model smollm2] [--strategy S] [--dtype auto]
+Usage: python -m tests.benchmarks.build_profile [--model smollm2] [--strategy S] [--dtype auto]
        [--corpus DIR] [--copies 1]
 
 Builds the corpus (default: ragidx's sample corpus; ``--copies N`` indexes N renamed copies of

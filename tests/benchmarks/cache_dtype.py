@@ -1,7 +1,7 @@
 """Which 16-bit type the GGUF cache should hold: every decoder strategy's float32 vectors from
 weights rounded to bfloat16 and to float16, against transformers' own float32 conversion.
 
-Usage: python tests/benchmarks/cache_dtype.py [--model smollm2,gemma3-270m] [--tokens 1200]
+Usage: python -m tests.benchmarks.cache_dtype [--model smollm2,gemma3-270m] [--tokens 1200]
 
 Loads the GGUF once through transformers in float32 (what ragidx cached before), then builds the
 two rounded copies from it (equal, tensor for tensor, to a cache of that type loaded in float32:
@@ -13,14 +13,12 @@ and prints the lowest and mean cosine to the float32 vectors per strategy and ty
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_real_models import PROBES, SAMPLE_CORPUS, decoder_strategies
+from tests.support.real_models import PROBES, SAMPLE_CORPUS, decoder_strategies
 
 ROUNDED = ("bfloat16", "float16")
 

@@ -1,7 +1,7 @@
 """What a person at the shell waits for: the default build, a refused build, and `ragidx query`
 run again and again (the daemon's warm path), each as its own process, wall clock included.
 
-Usage: python tests/benchmarks/cli_latency.py [--corpus sample_corpus] [--queries 20] [--model M]
+Usage: python -m tests.benchmarks.cli_latency [--corpus sample_corpus] [--queries 20] [--model M]
        [--dtype D] [--skip-build] [--entry ragidx.app.launcher:main]
 
 Runs ragidx with bytecode caching on, as installed from a wheel. Prints the default build's time

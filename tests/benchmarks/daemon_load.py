@@ -1,9 +1,9 @@
 """The daemon and ``ragidx serve`` under load, as users meet them: each client a ``ragidx`` process.
 
 Usage:
-  python tests/benchmarks/daemon_load.py load --index IDX [--seconds 60] [--spinners 2]
+  python -m tests.benchmarks.daemon_load load --index IDX [--seconds 60] [--spinners 2]
       [--embedders 2] [--askers 2] [--queriers 4] [--texts 3000]
-  python tests/benchmarks/daemon_load.py check --index IDX --dense-zero IDX0
+  python -m tests.benchmarks.daemon_load check --index IDX --dense-zero IDX0
 
 ``load``: for ``--seconds``, with ``--spinners`` processes spinning on the CPU, ``--embedders``
 clients each embedding ``--texts`` texts through the daemon (``ragidx embed - --index IDX``),
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -44,18 +43,15 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.chat_server import FakeChat
+
 RAGIDX = str(Path(sys.executable).with_name("ragidx"))  # the console script beside this Python
-SUPPORT = Path(__file__).resolve().parents[1] / "support" / "chat_server.py"
 QUERIES = ["why are there two tides a day", "how do I reset my password", "heat pump", "sourdough starter"]
 
 
-def fake_chat(mode: str):
-    """tests/support/chat_server.py's misbehaving endpoint (loaded from its file)."""
-    spec = importlib.util.spec_from_file_location("chat_server", SUPPORT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FakeChat(mode, delay=0.05)
+def fake_chat(mode: str) -> FakeChat:
+    """tests/support/chat_server.py's misbehaving endpoint."""
+    return FakeChat(mode, delay=0.05)
 
 
 @contextlib.contextmanager

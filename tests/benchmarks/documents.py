@@ -1,6 +1,6 @@
 """PDF/DOCX extraction speed and `ragidx watch` latency (a change on disk -> searchable); prints numbers.
 
-    python tests/benchmarks/documents.py [--pages 100] [--model minilm] [--changes 5] [--settle 1.0]
+    python -m tests.benchmarks.documents [--pages 100] [--model minilm] [--changes 5] [--settle 1.0]
 
 Extraction: a PDF of ``--pages`` pages (and a DOCX of the same paragraphs) written here with
 fpdf2 and python-docx from the sample corpus's text, read with ragidx's extractors; best of three.

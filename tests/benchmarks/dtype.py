@@ -1,6 +1,6 @@
 """float32 vs bfloat16 on this CPU: embedding speed and how close bf16 vectors stay to float32.
 
-Usage: python tests/benchmarks/dtype.py [--real-model DIR]
+Usage: python -m tests.benchmarks.dtype [--real-model DIR]
 Builds a random model with Qwen2.5-0.5B's real dimensions (speed is about shapes, not weights),
 embeds the sample corpus's chunks with `mean` and `prompteol`, and prints vectors/s and the
 cosine between the two precisions. A real model folder (e.g. all-MiniLM-L6-v2) gives a cosine
@@ -10,15 +10,13 @@ figure that reflects trained weights.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tiny_models import SAMPLE_CORPUS, _wrap, train_tokenizer
+from tests.support.tiny_models import SAMPLE_CORPUS, _wrap, train_tokenizer
 
 
 def qwen2_05b_shaped(folder: Path) -> Path:

@@ -1,7 +1,7 @@
 """A model's first use: `ragidx embed` in an empty cache (the GGUF conversion included), then again
 with the conversion cached. Prints wall time and peak RSS of each, and the cache's size on disk.
 
-Usage: python tests/benchmarks/first_run.py --model FILE_OR_NAME [--strategy mean] [--dtype auto]
+Usage: python -m tests.benchmarks.first_run --model FILE_OR_NAME [--strategy mean] [--dtype auto]
        [--ragidx PATH]
 
 Each run is its own process; its peak RSS comes from the kernel (``wait4``'s ru_maxrss), so the

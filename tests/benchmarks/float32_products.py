@@ -1,6 +1,6 @@
 """float32 products on this CPU: torch's own (MKL) against oneDNN's with the weight packed once.
 
-Usage: python tests/benchmarks/float32_products.py [--model gemma3-270m] [--strategy S] [--rounds 4]
+Usage: python -m tests.benchmarks.float32_products [--model gemma3-270m] [--strategy S] [--rounds 4]
 
 First a table of single products, model-shaped (SmolLM2's 576 -> 1536, Gemma 3's 640 -> 2048 and
 2048 -> 640, a 1B model's 2048 -> 8192) at 1 to 2,048 rows: GFLOP/s of each, their ratio and the

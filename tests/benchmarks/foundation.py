@@ -1,6 +1,6 @@
 """Wall time and peak memory of the CLI on sample_corpus/ with small random Qwen2 models.
 
-Usage: python tests/benchmarks/foundation.py [--shape tiny|0.5b]
+Usage: python -m tests.benchmarks.foundation [--shape tiny|0.5b]
 `tiny` is the test suite's model (hidden 64, 6 layers); `0.5b` has Qwen2.5-0.5B's real
 dimensions with random weights, so its timings are those of the default model.
 """
@@ -16,8 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tiny_models import SAMPLE_CORPUS, save_tiny_model
+from tests.support.tiny_models import SAMPLE_CORPUS, save_tiny_model
 
 RAGIDX = str(Path(sys.executable).parent / "ragidx")
 

@@ -6,7 +6,7 @@ tuning grid, nDCG@10 on the pseudo-queries (from the index's meta) and on the da
 queries, then the fusion tuning picked and what it scores on the real queries against the best
 RRF weight in hindsight, dense, lexical, equal-weight RRF and equal-weight min-max.
 
-    python tests/benchmarks/fusion.py ../shared/eval/scifact --split train \
+    python -m tests.benchmarks.fusion ../shared/eval/scifact --split train \
         --max-docs 300 --max-queries 60 --index /tmp/fx/smollm2-prompteol [--json out.json]
 """
 

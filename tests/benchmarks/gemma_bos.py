@@ -2,7 +2,7 @@
 as converted, then with its post-processor (which adds <bos>) removed, as transformers 5.18-5.22
 converted it (docs/gpu.md).
 
-Usage: python tests/benchmarks/gemma_bos.py ../shared/eval/stsb/sts-dev.csv [--max-pairs 200]
+Usage: python -m tests.benchmarks.gemma_bos ../shared/eval/stsb/sts-dev.csv [--max-pairs 200]
        [--strategies kv-embedding,aligned-wva,mean,prompteol]
 """
 

@@ -2,12 +2,12 @@
 a random-weight model of Llama 3.1 8B's shape to run `ragidx bench` on (docs/gpu.md).
 
 Usage:
-  python tests/benchmarks/gpu.py facts
-  python tests/benchmarks/gpu.py vectors --model smollm2 [--device cuda] [--dtype bfloat16]
-  python tests/benchmarks/gpu.py random-model OUT_DIR --tokenizer-from FOLDER [--shape 8b|1b]
-  python tests/benchmarks/gpu.py speed --model M --texts DIR [--strategies mean,aligned-wva]
+  python -m tests.benchmarks.gpu facts
+  python -m tests.benchmarks.gpu vectors --model smollm2 [--device cuda] [--dtype bfloat16]
+  python -m tests.benchmarks.gpu random-model OUT_DIR --tokenizer-from FOLDER [--shape 8b|1b]
+  python -m tests.benchmarks.gpu speed --model M --texts DIR [--strategies mean,aligned-wva]
       [--tokens 16384,65536,131072]
-  python tests/benchmarks/gpu.py fallback --model M --texts DIR [--free-gib 14,16] [--chunks 256]
+  python -m tests.benchmarks.gpu fallback --model M --texts DIR [--free-gib 14,16] [--chunks 256]
 
 ``vectors`` embeds the sample corpus (two chunks a document) and eight questions with every strategy
 the model takes, in float32 on the CPU and in ``--dtype`` on ``--device``, and prints the cosines
@@ -24,14 +24,12 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_real_models import PROBES, SAMPLE_CORPUS
+from tests.support.real_models import PROBES, SAMPLE_CORPUS
 
 CHUNKS_PER_DOCUMENT = 2
 SHAPES = {  # Llama 3.1 8B and Llama 3.2 1B: layers, width, MLP, heads, key-value heads, tied head

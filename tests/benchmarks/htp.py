@@ -1,6 +1,6 @@
 """Time and memory of `htp` against `mean` on one long document (the paper reports 1.1-1.2x).
 
-Usage: python tests/benchmarks/htp.py [--shape 0.5b|tiny] [--tokens 4000] [--strategies htp,mean]
+Usage: python -m tests.benchmarks.htp [--shape 0.5b|tiny] [--tokens 4000] [--strategies htp,mean]
 Each strategy runs in its own process: the model is loaded, a short text warms it up, then the
 document is embedded --repeats times. Memory is sampled every 2 ms during embedding; "extra" is
 the peak above the resident size just before, i.e. what the forward pass itself needs.
@@ -17,11 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dtype import qwen2_05b_shaped
-from tiny_models import SAMPLE_CORPUS, save_tiny_model
-
 from ragidx.app.research.bench import PeakRss
+from tests.benchmarks.dtype import qwen2_05b_shaped
+from tests.support.tiny_models import SAMPLE_CORPUS, save_tiny_model
 
 MIB = 2**20
 
@@ -76,7 +74,15 @@ def main() -> None:
         model = str(qwen2_05b_shaped(folder) if args.shape == "0.5b" else save_tiny_model("qwen2", folder))
         results = {}
         for name in args.strategies.split(","):
-            command = [sys.executable, __file__, "--tokens", str(args.tokens), "--repeats", str(args.repeats)]
+            command = [
+                sys.executable,
+                "-m",
+                "tests.benchmarks.htp",
+                "--tokens",
+                str(args.tokens),
+                "--repeats",
+                str(args.repeats),
+            ]
             out = subprocess.run(
                 [*command, "--child", model, name], capture_output=True, text=True, check=True
             )

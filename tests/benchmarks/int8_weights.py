@@ -1,6 +1,6 @@
 """int8 weights with float32 products against float32 itself: forward time, in one process.
 
-Usage: python tests/benchmarks/int8_weights.py [--model smollm2] [--batch 32x256] [--query 12]
+Usage: python -m tests.benchmarks.int8_weights [--model smollm2] [--batch 32x256] [--query 12]
        [--rounds 4]
 
 Loads the model twice (``--dtype float32`` and ``--dtype int8``) and times a forward pass on a

@@ -1,6 +1,6 @@
 """Is the last token of a bare sentence a summary of it at any layer? STS-B Spearman per layer.
 
-Usage: python tests/benchmarks/last_token_layers.py --model smollm2 [--pairs 400] [--sink]
+Usage: python -m tests.benchmarks.last_token_layers --model smollm2 [--pairs 400] [--sink]
 
 Reads the last real token's state after every decoder layer (and after the final norm, what
 ``--strategy last`` reads) for both sides of STS-B *train* pairs, and prints Spearman x 100 of
@@ -12,13 +12,10 @@ separate "the wrong layer" and "no attention sink" from "the wrong position" as 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_real_model import EVAL_DATA
+from tests.support.real_models import EVAL_DATA
 
 
 def keep_output(outputs: list) -> object:

@@ -1,6 +1,6 @@
 """Which layers to read on a real model: every layer's readout from one pass, scored on dev data.
 
-Usage: python tests/benchmarks/layer_sweep.py --model smollm2 --strategy aligned-wva [--sweep OPTION=V1;V2]
+Usage: python -m tests.benchmarks.layer_sweep --model smollm2 --strategy aligned-wva [--sweep OPTION=V1;V2]
        [--docs 500] [--queries 200] [--pairs 400] [--dtype auto] [--json FILE] [OPTION=VALUE ...]
 
 For the value-aggregation strategies (``aligned-wva``, ``wva``, ``va``) each layer's reading is
@@ -26,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_real_model import EVAL_DATA
+from tests.support.real_models import EVAL_DATA
 
 VALUE_AGGREGATION = ("aligned-wva", "wva", "va")
 

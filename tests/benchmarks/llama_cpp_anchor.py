@@ -1,7 +1,7 @@
 """ragidx against llama.cpp on the same GGUF file and the same passages, mean pooling, one after
 the other in one sitting: the anchor for ragidx's CPU speed (issue 49).
 
-Usage: python tests/benchmarks/llama_cpp_anchor.py [--model smollm2 | FILE.gguf] [--passages 16]
+Usage: python -m tests.benchmarks.llama_cpp_anchor [--model smollm2 | FILE.gguf] [--passages 16]
        [--words 200] [--threads 2] [--rounds 2] [--dtype auto]
 
 The passages are ragidx's sample corpus cut into ``--words``-word pieces. ragidx embeds them with

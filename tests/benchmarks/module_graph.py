@@ -1,6 +1,6 @@
 """Who imports whom inside ragidx, read from the source (nothing is imported).
 
-Usage: python tests/benchmarks/module_graph.py [--local] [--root CHECKOUT]
+Usage: python -m tests.benchmarks.module_graph [--local] [--root CHECKOUT]
 
 Prints one line per module: the ragidx modules it imports at the top, then, after "|", those it
 imports inside functions (``--local`` lists every function-local import, third-party included),

@@ -1,6 +1,6 @@
 """Latency of OpenAI's embeddings route against ragidx's own, for one short text, warm.
 
-    python tests/benchmarks/openai_latency.py [--model gemma3-270m | --index DIR] [--requests 50]
+    python -m tests.benchmarks.openai_latency [--model gemma3-270m | --index DIR] [--requests 50]
         [--import-from DIR]
 
 Starts `ragidx serve --model M` (embeddings without an index; or `--index DIR`, which versions

@@ -1,6 +1,6 @@
 """Warm query latency end to end: embed one query and search the sample-corpus index, per mode.
 
-Usage: python tests/benchmarks/query_latency.py [--model smollm2] [--strategy S] [--dtype auto]
+Usage: python -m tests.benchmarks.query_latency [--model smollm2] [--strategy S] [--dtype auto]
        [--queries 50]
 
 Builds ragidx's sample corpus with the model into a temporary index, opens it with the library

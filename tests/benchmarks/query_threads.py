@@ -1,6 +1,6 @@
 """How many threads one query's forward pass should use, on a quiet machine and on a busy one.
 
-Usage: python tests/benchmarks/query_threads.py [--model smollm2] [--strategy S] [--queries 30]
+Usage: python -m tests.benchmarks.query_threads [--model smollm2] [--strategy S] [--queries 30]
        [--busy 0,1,2] [--busy-kind spin|matmul]
 
 Loads the model once (``ragidx.Embedder``), then for each number of busy processes (each keeps
@@ -21,7 +21,8 @@ import sys
 import time
 
 import numpy as np
-from cli_latency import QUERIES  # this folder is the script's: on sys.path
+
+from tests.benchmarks.cli_latency import QUERIES
 
 BUSY_CODE = {
     "spin": "while True: pass",

@@ -1,7 +1,7 @@
 """Write a random-weight GGUF file of a real model's shape, to measure memory, disk and speed at
 1-8B parameters without downloading one (its vectors mean nothing; its costs are real).
 
-Usage: python tests/benchmarks/random_gguf.py OUT.gguf [--shape 1b|3b|8b] [--type Q8_0|F32]
+Usage: python -m tests.benchmarks.random_gguf OUT.gguf [--shape 1b|3b|8b] [--type Q8_0|F32]
        [--architecture llama|qwen2|qwen3]
 
 The shapes are Llama 3.2 1B and 3B and Llama 3.1 8B (layers, width, MLP, heads; `tiny` is the

@@ -1,6 +1,6 @@
 """`ragidx build --ray` against a local build: wall time, embedding time and vectors.
 
-Usage: python tests/benchmarks/ray_build.py [--model smollm2] [--docs 40] [--strategy S] [--workers 1,2]
+Usage: python -m tests.benchmarks.ray_build [--model smollm2] [--docs 40] [--strategy S] [--workers 1,2]
        [--dtype auto|float32|bfloat16]
 
 Documents are SciFact abstracts (../shared/eval/scifact/corpus.jsonl), one .txt file each. The
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from build_memory import DEFAULT_JSONL, RAGIDX, write_corpus
+from tests.benchmarks.build_memory import DEFAULT_JSONL, RAGIDX, write_corpus
 
 
 def vectors(index: Path) -> dict[int, object]:

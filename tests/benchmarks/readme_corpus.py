@@ -2,10 +2,10 @@
 packages, one file each, and eight questions a developer would ask of it, written before searching.
 
 Usage:
-  python tests/benchmarks/readme_corpus.py write OUT --set core|held-out
-  python tests/benchmarks/readme_corpus.py check CORPUS [--index DIR] [--questions core|held-out]
+  python -m tests.benchmarks.readme_corpus write OUT --set core|held-out
+  python -m tests.benchmarks.readme_corpus check CORPUS [--index DIR] [--questions core|held-out]
       [-- BUILD ARGS...]
-  python tests/benchmarks/readme_corpus.py resume CORPUS [--files 20] [--model M] [-- BUILD ARGS...]
+  python -m tests.benchmarks.readme_corpus resume CORPUS [--files 20] [--model M] [-- BUILD ARGS...]
 
 ``write`` reads the distributions installed beside the Python that runs it: ``core`` is what
 ``pip install ragidx`` brings (its requirements, followed through theirs: the corpus a new user

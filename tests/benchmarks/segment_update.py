@@ -1,6 +1,6 @@
 """What an update of one document costs in a large index: seconds, bytes written, files.
 
-Usage: python tests/benchmarks/segment_update.py [--chunks 200000] [--dimension 576]
+Usage: python -m tests.benchmarks.segment_update [--chunks 200000] [--dimension 576]
        [--updates 6] [--index-type auto] [--root CHECKOUT] [--dir DIR]
 
 Builds an index of ``--chunks`` random unit vectors (10 chunks per document; 576 is SmolLM2's

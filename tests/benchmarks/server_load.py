@@ -1,6 +1,6 @@
 """Load check of `ragidx serve`: N concurrent POST /search requests over real HTTP; prints errors and latency.
 
-    python tests/benchmarks/server_load.py --index DIR [--requests 200] [--queries queries.jsonl]
+    python -m tests.benchmarks.server_load --index DIR [--requests 200] [--queries queries.jsonl]
         [--import-from DIR]
 
 The server is `ragidx serve` in its own process; every request is sent at once, each on its own

@@ -1,6 +1,6 @@
 """Embedding throughput per strategy and the fraction of decoder layers each one runs.
 
-Usage: python tests/benchmarks/strategies.py [--shape tiny|0.5b] [--strategies mean,aligned-wva]
+Usage: python -m tests.benchmarks.strategies [--shape tiny|0.5b] [--strategies mean,aligned-wva]
        [--chunks N] [--repeats R]
 Texts are the sample corpus cut into chunks of at most 128 tokens; weights are random, so only
 speed and layer counts mean anything here.
@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dtype import chunk_texts, qwen2_05b_shaped
-from tiny_models import save_tiny_model
+from tests.benchmarks.dtype import chunk_texts, qwen2_05b_shaped
+from tests.support.tiny_models import save_tiny_model
 
 
 def main() -> None:

@@ -16,7 +16,7 @@
   of ``await retriever.ainvoke(query)`` (LangChain runs it in a pool of threads) and then of
   ``retriever.invoke(query)`` from the main thread.
 
-Usage: python tests/benchmarks/thread_pools.py --compare faiss|daemon|http|langchain --index IDX
+Usage: python -m tests.benchmarks.thread_pools --compare faiss|daemon|http|langchain --index IDX
        [--rounds 3] [--queries 21]
 
 Threads that have run an operator stay in their pools, waking and spinning beside the model's

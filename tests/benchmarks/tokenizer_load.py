@@ -2,7 +2,7 @@
 pipeline saved and checked) and its cached loads (the generic fast class), in one run, in an
 empty tokenizer cache of its own.
 
-    python tests/benchmarks/tokenizer_load.py [--model gemma3-270m]
+    python -m tests.benchmarks.tokenizer_load [--model gemma3-270m]
 """
 
 from __future__ import annotations

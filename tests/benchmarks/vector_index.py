@@ -1,6 +1,6 @@
 """Vector index types at scale: build time, memory, single-query latency and recall@10.
 
-Usage: python tests/benchmarks/vector_index.py [--n 1000000] [--types hnsw,ivf] [--flat-sizes ...]
+Usage: python -m tests.benchmarks.vector_index [--n 1000000] [--types hnsw,ivf] [--flat-sizes ...]
 
 Vectors are synthetic but clustered, like embeddings: N/100 random centres in 896 dimensions,
 each point its centre plus isotropic noise of the same norm (--spread 1), L2-normalised (cosine ~0.5 within a

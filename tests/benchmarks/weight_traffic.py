@@ -1,6 +1,6 @@
 """Why a short query's forward has a floor: every weight is read once per forward.
 
-Usage: python tests/benchmarks/weight_traffic.py [--model smollm2] [--dtype bfloat16] [--tokens 20]
+Usage: python -m tests.benchmarks.weight_traffic [--model smollm2] [--dtype bfloat16] [--tokens 20]
 
 Loads the model as ragidx does and times, on one row of ``--tokens`` random hidden states, the
 linear layers of every decoder layer in turn (each weight streamed from memory, as in a forward)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.child_setup import prepared, without_root_powers
+
 RAGIDX = str(Path(sys.executable).parent / "ragidx")
 
 
@@ -37,3 +39,14 @@ def assert_one_line_error(result: subprocess.CompletedProcess, pattern: str) -> 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]
+
+
+def ragidx_powerless(*args: str | Path) -> subprocess.CompletedProcess:
+    """``ragidx ARGS`` without the powers that let root read any file (file modes hold for it)."""
+    return subprocess.run(
+        prepared(without_root_powers, [RAGIDX, *args]),
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "sample_corpus"
+SAMPLE_CORPUS = Path(__file__).resolve().parents[2] / "sample_corpus"
 DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 ENCODER = "bert"
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]

@@ -24,12 +24,9 @@ CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
 
 
 def prepared(setup: Callable[[], None], command: list[str | Path]) -> list[str]:
-    """The command line that runs ``command`` after ``setup`` (a function of this module)."""
-    run = (
-        f"import os, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-        f"import child_setup; child_setup.{setup.__name__}(); os.execvp(sys.argv[1], sys.argv[1:])"
-    )
-    return [sys.executable, "-c", run, *map(str, command)]
+    """The command line that runs ``command`` after ``setup`` (a function of this module): this
+    file run as a script (see the end of it)."""
+    return [sys.executable, __file__, setup.__name__, *map(str, command)]
 
 
 def interruptible() -> None:
@@ -56,3 +53,8 @@ def without_root_powers() -> None:
         for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
             if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+if __name__ == "__main__":  # python child_setup.py SETUP COMMAND...: SETUP(), then exec COMMAND
+    globals()[sys.argv[1]]()
+    os.execvp(sys.argv[2], sys.argv[2:])
