@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from ragidx.app.answering import DEFAULT_NEW_TOKENS, problems
 from ragidx.app.lazy_names import lazy_names
+from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES
+from ragidx.indexer.model.batch_size import CPU_ROWS, CPU_TOKENS, GPU_MAX_TOKENS, ROW_TOKENS
 from ragidx.indexer.model.choices import DEFAULT_DECODER, DEFAULT_MODEL, DEVICES, DTYPES, default_model
 from ragidx.indexer.roles import ROLES
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
@@ -15,7 +17,7 @@ from ragidx.indexer.search.context import nothing_fits
 from ragidx.indexer.search.fusion import METHODS
 from ragidx.indexer.search.options import MAX_K, MODES, SEARCH_OPTION_SPECS, SearchOptionSpec
 from ragidx.indexer.storage.filters import FILTER_HELP, FILTER_KINDS, parse_meta
-from ragidx.indexer.storage.index_settings import INDEX_TYPES
+from ragidx.indexer.storage.index_settings import FLAT_SCAN_BYTES, INDEX_TYPES, VectorIndexSettings
 from ragidx.indexer.storage.stores import STORES
 
 if TYPE_CHECKING:
@@ -23,23 +25,32 @@ if TYPE_CHECKING:
     from ragidx.indexer.strategies import OPTION_SPECS, strategy_rows
     from ragidx.indexer.strategies.options import OptionSpec, flag_of
 
+VECTOR_INDEX = VectorIndexSettings()  # the vector index settings a build takes by default
+
 __all__ = [
+    "CPU_ROWS",
+    "CPU_TOKENS",
     "DEFAULT_CONTEXT_TOKENS",
     "DEFAULT_DECODER",
+    "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_MODEL",
     "DEFAULT_NEW_TOKENS",
     "DEVICES",
     "DTYPES",
     "FILTER_HELP",
     "FILTER_KINDS",
+    "FLAT_SCAN_BYTES",
+    "GPU_MAX_TOKENS",
     "INDEX_TYPES",
     "MAX_K",
     "METHODS",
     "MODES",
     "OPTION_SPECS",
     "ROLES",
+    "ROW_TOKENS",
     "SEARCH_OPTION_SPECS",
     "STORES",
+    "VECTOR_INDEX",
     "OptionSpec",
     "SearchOptionSpec",
     "default_model",

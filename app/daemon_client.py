@@ -222,8 +222,8 @@ def _start(path: Path) -> socket.socket:
         log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the daemon
         command = [
             sys.executable,
-            "-c",
-            "from ragidx.cli import main; main()",
+            "-m",
+            "ragidx",
             "daemon",
             "run",
             "--socket",

@@ -11,7 +11,8 @@ from ragidx.indexer.build.settings import split_strategy_options
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.choices import default_model
 from ragidx.indexer.model.runtime import load_runtime
-from ragidx.indexer.strategies import Role, Strategy, create_strategy, named_or_default
+from ragidx.indexer.roles import Role
+from ragidx.indexer.strategies import Strategy, create_strategy, named_or_default
 
 TEMPLATES = ("document_template", "query_template")
 

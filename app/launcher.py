@@ -1,6 +1,6 @@
-"""The ``ragidx`` console script: a query or a question goes to the command server beside the
-daemon (:mod:`ragidx.app.command_server`) without importing the CLI; anything else, or when no
-server answers, runs the CLI (:func:`ragidx.cli.main`) in this process.
+"""How the ``ragidx`` console script (``ragidx/__main__.py``) hands a query or a question to the
+command server beside the daemon (:mod:`ragidx.app.command_server`) without importing the CLI;
+anything else, or when no server answers, the script runs the CLI in its own process.
 
 This module imports only what it takes to hand a command over (a socket, JSON and the daemon's
 socket path, :mod:`ragidx.app.daemon_address`): with them Python starts in about a third of the
@@ -18,17 +18,6 @@ import sys
 from ragidx.app import daemon_address
 
 FORWARDED = ("query", "ask")  # the commands a daemon answers: the server's children ask it
-
-
-def main() -> None:
-    """Run ``ragidx`` with this process's arguments; exits with the command's status."""
-    argv = sys.argv[1:]
-    status = forwarded(argv) if forwardable(argv) else None
-    if status is None:
-        from ragidx.cli import main as run_here
-
-        run_here(argv)
-    sys.exit(status)
 
 
 def forwardable(argv: list[str]) -> bool:

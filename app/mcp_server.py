@@ -41,7 +41,8 @@ from ragidx.app.schemas import (
 from ragidx.app.served_index import ServedIndex
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import FileAccess
-from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument, normal_path, read_document, span_pages
+from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument, normal_path, read_document
+from ragidx.indexer.ingest.spans import span_pages
 
 DOCUMENT_CHARS = 20_000  # get_document's default slice: an agent asks for the next one by `start`
 INSTRUCTIONS = (

@@ -29,7 +29,7 @@ from ragidx.app.http_jobs import until_done
 from ragidx.app.scheduler import Busy, Job, Scheduler
 from ragidx.app.schemas import validation_detail
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.strategies.base import Role
+from ragidx.indexer.roles import Role
 from ragidx.indexer.wording import encodable
 
 MAX_INPUTS = 2048  # OpenAI's own limit on one request's inputs

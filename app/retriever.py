@@ -29,7 +29,8 @@ from ragidx.indexer.storage.reader import IndexReader
 from ragidx.indexer.storage.writer import IndexWriter
 
 if TYPE_CHECKING:
-    from ragidx.indexer.strategies import Role, Strategy
+    from ragidx.indexer.roles import Role
+    from ragidx.indexer.strategies import Strategy
 
 __all__ = ["Hit", "Index", "SearchOptions"]
 

@@ -17,10 +17,10 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from ragidx.app.answering import DEFAULT_NEW_TOKENS
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.roles import Role
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
 from ragidx.indexer.search.options import SEARCH_OPTION_SPECS, SEARCH_SPECS_BY_NAME, SearchOptionSpec
 from ragidx.indexer.storage.filters import FILTER_KINDS, parse_meta
-from ragidx.indexer.strategies.base import Role
 from ragidx.indexer.wording import encodable, excerpt
 
 MAX_TEXT_CHARS = 20_000

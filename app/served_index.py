@@ -29,7 +29,7 @@ from ragidx.indexer.search.hits import Hit
 from ragidx.indexer.search.options import SearchOptions
 
 if TYPE_CHECKING:
-    from ragidx.indexer.strategies import Role
+    from ragidx.indexer.roles import Role
 
 FIRST_SLICE_ROWS = 4  # an embedding job's first slice, before its pace is known
 MAX_SLICE_ROWS = 256

@@ -52,7 +52,8 @@ from ragidx.app.schemas import (
 from ragidx.app.served_index import ServedIndex, embed_in_slices
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import model_tokenizer
-from ragidx.indexer.strategies.base import TEXT_SLOT, Role, render
+from ragidx.indexer.roles import Role
+from ragidx.indexer.strategies.base import TEXT_SLOT, render
 
 MAX_BODY_BYTES = 1_000_000  # default bound on a request body (`ragidx serve --max-body-bytes`)
 ASK_FIELDS = ("max_tokens", "max_new_tokens", "closed_book")  # what an /ask body says besides the search

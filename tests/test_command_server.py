@@ -17,7 +17,7 @@ from tests.support.cli import RAGIDX, assert_one_line_error, ragidx
 from tests.support.daemon import alive
 
 REPORT = "import atexit, json, sys; atexit.register(lambda: print(json.dumps([*sys.modules])))"
-SCRIPT = f"{REPORT}; from ragidx.app.launcher import main; main()"
+SCRIPT = f"{REPORT}; from ragidx.__main__ import main; main()"
 
 
 def script(*args: str | Path, env: dict[str, str], **kwargs) -> tuple[subprocess.CompletedProcess, set[str]]:

@@ -13,7 +13,8 @@ import pytest
 
 from ragidx.app import Index
 from ragidx.indexer.ingest import extractors
-from ragidx.indexer.ingest.sources import read_document, scan, span_pages
+from ragidx.indexer.ingest.sources import read_document, scan
+from ragidx.indexer.ingest.spans import span_pages
 from tests.support.cli import ragidx
 from tests.support.documents import KELP, LAGOONS, TIDES, write_pdf
 

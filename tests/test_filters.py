@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from ragidx.app import Index
-from ragidx.cli import parse_meta
+from ragidx.app.catalog import parse_meta
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.filters import Filters

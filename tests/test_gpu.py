@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
-from ragidx.indexer.storage.vector_index import new_vector_index
+from ragidx.indexer.storage.local.faiss_index import new_vector_index
 
 SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "sample_corpus"
 

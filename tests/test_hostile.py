@@ -378,7 +378,7 @@ def test_damaged_index_parts_are_repaired_or_refused_with_what_to_do(small_index
     import errno
     import sqlite3
 
-    from ragidx.indexer.storage import segments as segments_module
+    from ragidx.indexer.storage.local import segments as segments_module
 
     corpus, index = small_index
     database = index / "ragidx.db"

@@ -1,9 +1,11 @@
-"""The import rules of the code's layout: cli -> app -> indexer, and local imports only where
-they keep start-up fast or an optional extra optional (tests/benchmarks/module_graph.py prints
-the graph these rules read)."""
+"""The import rules of the code's layout: __main__ -> cli -> app.commands -> app -> indexer, no
+cycles, and local imports only where they keep start-up fast or an optional extra optional
+(tests/benchmarks/module_graph.py prints the graph these rules read); and the tests' own: helpers
+shared through tests/support, never one test module importing another."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.module_graph import ROOT, ModuleImports, graph, package_of, read_imports
+from tests.benchmarks.module_graph import ROOT, ModuleImports, cycles, graph, package_of, read_imports
 
 # Imported inside functions only: heavy on start-up (the model stack, or >= 10 ms each measured
 # with `python -X importtime` on the development machine) or an optional extra that may be absent.
@@ -64,17 +66,17 @@ LOCAL_OWN_IMPORTS = {
         "app.mcp_stdio",
         "app.daemon",
         "app.command_server",
+    },
+    "app.commands.research": {
         "app.research.bench",
         "app.research.calibrate",
         "app.research.evaluation",
         "app.research.plots",
     },
-    "app.launcher": {"cli"},  # the console script: the CLI where the command server takes nothing
+    "__main__": {"cli"},  # the console script: the CLI where the command server takes nothing
     # a request answered here, where no daemon answers: the model stack, loaded only then
     "app.index_request": {"app.operations", "app.retriever", "app.scheduler", "app.served_index"},
 }
-# The one import against the flow: the console script runs the CLI, when it runs here at all.
-UPWARD = {("app.launcher", "cli")}
 
 
 @pytest.fixture(scope="module")
@@ -83,19 +85,41 @@ def modules() -> list[ModuleImports]:
 
 
 def layer(module: str) -> str:
-    return module.split(".")[0]
+    """``__main__``, ``cli``, ``app.commands`` (the rest of the command line), ``app`` or ``indexer``."""
+    return "app.commands" if module.startswith("app.commands") else module.split(".")[0]
 
 
-def test_imports_run_one_way_from_cli_to_app_to_indexer(modules):
-    allowed = {"cli": {"cli", "app", "indexer", "ragidx"}, "app": {"app", "indexer", "ragidx"}}
-    allowed["indexer"] = {"indexer", "ragidx"}
+# Highest first: each may import its own layer and those below it, never one above.
+LAYERS = ("__main__", "cli", "app.commands", "app", "indexer")
+
+
+def test_imports_run_one_way_from_the_script_to_the_cli_to_app_to_indexer(modules):
+    """Type-only imports included: an import up the layers is one a reader must follow up too."""
+    rank = {name: number for number, name in enumerate(LAYERS)}
     wrong = [
         f"{module.name} imports {target}"
         for module in modules
-        for target in module.top | module.local
-        if layer(target) not in allowed[layer(module.name)] and (module.name, target) not in UPWARD
+        for target in module.top | module.local | module.typed
+        if target != "ragidx" and rank[layer(target)] < rank[layer(module.name)]
     ]
     assert not wrong
+
+
+def test_no_modules_import_each_other_round_in_a_circle(modules):
+    assert cycles(modules) == []
+
+
+def test_the_cycle_finder_sees_a_circle_closed_by_a_type_only_import():
+    a = ModuleImports("indexer.model.a", 1, top={"indexer.model.b"})
+    b = ModuleImports("indexer.model.b", 1, top={"indexer.model.c"})
+    c = ModuleImports("indexer.model.c", 1, typed={"indexer.model.a"})
+    alone = ModuleImports("indexer.model.d", 1, top={"indexer.model.a"})
+    assert cycles([a, b, c, alone]) == [["indexer.model.a", "indexer.model.b", "indexer.model.c"]]
+
+
+def test_the_everyday_commands_fit_in_cli_py():
+    """Research commands, shared options and output live in app/commands/ (docs/development.md)."""
+    assert len((ROOT / "cli.py").read_text(encoding="utf-8").splitlines()) <= 900
 
 
 # The engine's flow, ingest -> model -> strategies -> storage -> search -> build: what each package may
@@ -128,7 +152,7 @@ def test_the_engine_is_in_sub_packages_that_import_one_way(modules):
         f"{module.name} imports {target}"
         for module in modules
         if layer(module.name) == "indexer"
-        for target in module.top | module.local
+        for target in module.top | module.local | module.typed
         if layer(target) == "indexer"
         and package_of(target) not in ENGINE_LAYERS[package_of(module.name)] | {package_of(module.name)}
     ]
@@ -137,11 +161,15 @@ def test_the_engine_is_in_sub_packages_that_import_one_way(modules):
     assert len(top) <= MAX_TOP_MODULES, top
 
 
-def test_the_cli_reaches_the_engine_only_through_the_app(modules):
-    """The commands parse, call ragidx.app (Index, Embedder, catalog, research) and print; of the
-    engine they read only the wording helpers they print with."""
-    cli = next(module for module in modules if module.name == "cli")
-    assert {target for target in cli.top | cli.local if layer(target) == "indexer"} == {"indexer.wording"}
+def test_the_command_line_reaches_the_engine_only_through_the_app(modules):
+    """The commands (cli.py and app/commands/) parse, call ragidx.app (Index, Embedder, catalog,
+    research) and print; of the engine they read only the wording helpers they print with."""
+    command_line = [m for m in modules if layer(m.name) in ("cli", "app.commands")]
+    assert len(command_line) >= 4
+    read = {
+        target for m in command_line for target in m.top | m.local | m.typed if layer(target) == "indexer"
+    }
+    assert read == {"indexer.wording"}
 
 
 def test_only_optional_entry_points_import_ragidx_modules_inside_functions(modules):
@@ -165,11 +193,12 @@ def test_the_graph_reader_sees_each_kind_of_import(tmp_path):
         "def f():\n    import torch\n    from ragidx.indexer.storage import IndexReader\n"
     )
     found = read_imports(source, tmp_path)
-    assert (found.name, found.top, found.local, found.local_third_party) == (
+    assert (found.name, found.top, found.local, found.local_third_party, found.typed) == (
         "indexer.example",
         {"indexer"},
         {"indexer.storage"},
         {"torch"},
+        {"app"},
     )
 
 
@@ -210,6 +239,7 @@ def test_the_wheel_ships_and_imports_every_package(tmp_path):
         shipped = set(wheel.namelist())
         wheel.extractall(site)
     sources = [
+        ROOT / "__main__.py",
         ROOT / "cli.py",
         *(path for folder in ("app", "indexer") for path in (ROOT / folder).rglob("*.py")),
     ]
@@ -227,12 +257,62 @@ def test_the_wheel_ships_and_imports_every_package(tmp_path):
     )
 
 
+def test_storage_reads_of_ingest_only_the_spans_it_stores(modules):
+    """Text extraction (ingest/sources) stays out of storage's way: a chunk's spans and the pages
+    they touch are :mod:`ragidx.indexer.ingest.spans`' (types it stores may be named for mypy)."""
+    read = {
+        target
+        for m in modules
+        if package_of(m.name) == "indexer.storage"
+        for target in m.top | m.local
+        if package_of(target) == "indexer.ingest"
+    }
+    assert read <= {"indexer.ingest", "indexer.ingest.spans"}
+
+
+def test_each_vector_store_is_a_sub_package_that_alone_knows_its_files():
+    """``STORE_KINDS`` names ``storage/<kind>/``; only a store's own files spell its file names
+    (the local store's ``vectors-*.faiss``), so the writer, reader and check go through it."""
+    from ragidx.indexer.storage.stores import STORE_KINDS
+
+    for kind, target in STORE_KINDS.items():
+        assert target.startswith(f"ragidx.indexer.storage.{kind}."), target
+        assert (ROOT / "indexer" / "storage" / kind / "__init__.py").is_file()
+    spelled = [
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "indexer").rglob("*.py")
+        if "local" not in path.parts and re.search(r"vectors-[^\s]*\.faiss", path.read_text(encoding="utf-8"))
+    ]
+    assert not spelled
+
+
+def test_no_test_module_imports_another_and_nothing_edits_the_import_path():
+    """Helpers the tests share live in tests/support (and are imported as ``tests.support.*``);
+    the one ``sys.path`` edit left is segment_update's ``--root``, which measures another checkout."""
+    tests = ROOT / "tests"
+    imported: dict[str, set[str]] = {}
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            hits = {n for n in names if n.split(".")[-1].startswith("test_") or n.startswith("tests.test_")}
+            if hits:
+                imported[path.relative_to(ROOT).as_posix()] = hits
+    assert not imported
+    edits = [
+        path.relative_to(ROOT).as_posix()
+        for path in tests.rglob("*.py")
+        if re.search(r"sys\.path\.(insert|append)", path.read_text(encoding="utf-8"))
+    ]
+    assert edits == ["tests/benchmarks/segment_update.py"]
+
+
 def test_only_the_storage_package_knows_which_vector_store_an_index_uses():
     """Stores are reached through indexer/storage/vector_store.py's protocols and the factory in
     stores.py (mypy checks that both stores implement them): no code outside storage names one."""
     named = re.compile(
         r"MilvusLocation|isinstance\(.*Milvus|SegmentStore"
-        r"|storage\.(segment_store|segments|milvus)\b|\"kind\"\] =="
+        r"|storage\.(local|milvus)\b|\"kind\"\] =="
     )
     outside = [ROOT / "cli.py", *(ROOT / "app").rglob("*.py")]
     outside += [path for path in (ROOT / "indexer").rglob("*.py") if "storage" not in path.parts]

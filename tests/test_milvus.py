@@ -291,7 +291,7 @@ def test_a_search_overtaken_by_a_commit_reads_the_new_generation(
 ):
     """The race above, made certain: a build commits and deletes the rows of a changed document
     between a reader's snapshot and its Milvus search; the reader notices and searches again."""
-    from ragidx.indexer.storage.milvus import MilvusVectors
+    from ragidx.indexer.storage.milvus.store import MilvusVectors
 
     index = tmp_path / "index"
     args = ("build", corpus, "--model", tiny_models["qwen2"], "--index", index, "--no-tune")

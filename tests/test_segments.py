@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
-from ragidx.indexer.storage.reader import IndexReader
-from ragidx.indexer.storage.segments import (
+from ragidx.indexer.storage.local.segments import (
     DELETED_FRACTION,
     MERGE_SIZE_RATIO,
     Segment,
     SegmentUnreadable,
     plan_merge,
 )
+from ragidx.indexer.storage.reader import IndexReader
 from ragidx.indexer.storage.writer import IndexWriter
 from tests.support.index_files import segment_vectors
 from tests.support.index_records import record, vectors

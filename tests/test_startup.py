@@ -61,9 +61,8 @@ def test_the_console_script_loads_only_what_handing_over_a_query_takes(tmp_path)
     (tmp_path / "ragidx").symlink_to(Path(ragidx.__file__).parent)  # ragidx on a path, no .pth
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "RAGIDX_NO_DAEMON": "0"}
 
-    def loaded(code: str) -> set[str]:
-        found = f"import sys; sys.path.insert(0, {str(tmp_path)!r})"
-        run = [sys.executable, "-S", "-c", f"{REPORT}; {found}; {code}"]
+    def loaded(code: str) -> set[str]:  # run in tmp_path, which `-c` puts first on the path
+        run = [sys.executable, "-S", "-c", f"{REPORT}; {code}"]
         ran = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
         return set(json.loads(ran.stdout))
 
@@ -71,7 +70,7 @@ def test_the_console_script_loads_only_what_handing_over_a_query_takes(tmp_path)
     # no command server listens: the script tries the hand-over (the socket path, the request)
     # and would run the CLI itself, which it is not let do here
     script = loaded(
-        "import re; from ragidx.app import launcher; assert launcher.forwarded(['query', 'x']) is None"
+        "import re; from ragidx.__main__ import launcher; assert launcher.forwarded(['query', 'x']) is None"
     )
     own = {name for name in script if name.partition(".")[0] == "ragidx"}
     assert "ragidx.app.daemon_address" in own and not own & {"ragidx.cli", "ragidx.app.daemon_client"}

@@ -11,8 +11,8 @@ from transformers import LlamaConfig, Qwen3Config
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies import create_strategy
 from ragidx.indexer.strategies.base import preprocess_for_prompt
-from ragidx.indexer.strategies.layers import parse_layers
-from ragidx.indexer.strategies.value_aggregation import default_layer_set
+from ragidx.indexer.strategies.layers import layer_set, parse_layers
+from ragidx.indexer.strategies.value_aggregation import PAPER_LAYER_SETS, RELATIVE_DEPTH
 from tests.support.tiny_models import DECODERS
 
 TEXTS = [
@@ -188,6 +188,11 @@ def test_stored_params_rebuild_the_same_strategy(runtimes):
     again = create_strategy("wva", runtimes["qwen2"], **first.params)
     assert again.params == first.params
     np.testing.assert_array_equal(first.encode(["same text"], "query"), again.encode(["same text"], "query"))
+
+
+def default_layer_set(config, depth=RELATIVE_DEPTH):
+    """The value-aggregation strategies' layers for a model when --layers is not given."""
+    return layer_set(None, config, config.num_hidden_layers, PAPER_LAYER_SETS, depth)
 
 
 def test_paper_layer_sets_are_recognised_from_the_config():

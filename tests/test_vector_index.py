@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.storage import index_settings, vector_index
+from ragidx.indexer.storage import index_settings
 from ragidx.indexer.storage.index_settings import VectorIndexSettings, flat_limit
-from ragidx.indexer.storage.vector_index import new_vector_index, sized_settings, stored_ids
+from ragidx.indexer.storage.local import faiss_index as vector_index
+from ragidx.indexer.storage.local.faiss_index import new_vector_index, sized_settings, stored_ids
 
 DIMENSION = 32
 N = 2000

@@ -16,8 +16,8 @@ from ragidx.app.retriever import Hit, Index, SearchOptions
 from ragidx.app.scheduler import Scheduler
 from ragidx.app.served_index import ServedIndex, embed_in_slices
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.roles import Role
 from ragidx.indexer.search.options import SEARCH_OPTION_SPECS
-from ragidx.indexer.strategies.base import Role
 
 CLIENT = "python"  # the adapters' jobs, as the scheduler shows them
 SEARCH_OPTION_NAMES = frozenset(spec.name for spec in SEARCH_OPTION_SPECS)  # taken by the retrievers

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,8 +14,10 @@ from ragidx.indexer.build.settings import IndexSettings
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import under
 from ragidx.indexer.ingest.changes import absolute_roots
-from ragidx.indexer.storage.database import ROW_RULES, damage, writable
+from ragidx.indexer.storage import repair as mend
+from ragidx.indexer.storage.database import all_chunk_ids, damage, writable
 from ragidx.indexer.storage.location import index_exists, no_index
+from ragidx.indexer.storage.reader import IndexReader
 from ragidx.indexer.storage.writer import IndexWriter
 from ragidx.indexer.wording import counted
 
@@ -71,13 +74,12 @@ def remove(
     return RemoveReport(sorted(targets), generation, counts["documents"], counts["chunks"])
 
 
-def _open_existing(index_dir: Path, tidy: bool = True, read_only: bool = False) -> IndexWriter:
-    """Write access to an index that has a committed generation (or, ``read_only``, read access
-    through the writer's methods); never creates one."""
+def _open_existing(index_dir: Path, tidy: bool = True) -> IndexWriter:
+    """Write access to an index that has a committed generation; never creates one."""
     missing = no_index(Path(index_dir))
     if not index_exists(index_dir):
         raise missing
-    writer = IndexWriter(index_dir, tidy, read_only)
+    writer = IndexWriter(index_dir, tidy)
     if not writer.meta.get("generation"):
         writer.close()
         raise missing
@@ -125,67 +127,82 @@ def check(index_dir: Path, repair: bool = False, device: str = "auto") -> CheckR
     read_only = index_exists(index_dir) and not writable(Path(index_dir))
     if read_only and repair:
         raise RagidxError(f"{index_dir} is read-only for this user: `ragidx check` without --repair reports")
-    with _open_existing(index_dir, tidy=False, read_only=read_only) as writer:
-        report = CheckReport(int(writer.meta["generation"]))
-        damaged = damage(writer.db)
+    with _checked(index_dir, read_only) as index:
+        report = CheckReport(int(index.meta["generation"]))
+        damaged = damage(index.db)
         if damaged:  # nothing else read from the file can be trusted, and nothing is written onto it
             report.problems.append(Problem("database", f"SQLite quick_check: {damaged}; {REBUILD}", False))
             return report
-        _check_files(writer, report, repair)
-        _check_fts(writer, report, repair)
-        for kind, (noun, detail, *_) in ROW_RULES.items():
-            found = writer.faulty_rows(kind)
+        _check_files(index, report, repair)
+        _check_fts(index, report, repair)
+        for kind, (noun, detail, *_) in mend.ROW_RULES.items():
+            found = mend.faulty_rows(index.db, kind)
             if found:
                 report.problems.append(Problem(kind, f"{counted(found, noun)} {detail}", repair))
                 if repair:
-                    writer.repair_rows(kind)
-        _check_vectors(writer, report, repair, device)
-        report.generation = int(writer.meta["generation"])
+                    mend.repair_rows(index.db, kind)
+        _check_vectors(index, report, repair, device)
+        report.generation = int(index.meta["generation"])
     return report
 
 
-def _check_files(writer: IndexWriter, report: CheckReport, repair: bool) -> None:
-    stale = writer.stale_vector_files()
+@contextlib.contextmanager
+def _checked(index_dir: Path, read_only: bool) -> Iterator[IndexReader | IndexWriter]:
+    """The index to check: read through a reader where this user may not write its folder (which
+    then writes nothing, not even the lock), else held by a writer that leaves it as found."""
+    if not read_only:
+        with _open_existing(index_dir, tidy=False) as writer:
+            yield writer
+        return
+    reader = IndexReader(index_dir)
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
+def _check_files(index: IndexReader | IndexWriter, report: CheckReport, repair: bool) -> None:
+    stale = mend.stale_vector_files(index.directory, index.db, index.meta)
     if stale:
         report.problems.append(Problem("stale-files", ", ".join(path.name for path in stale), repair))
         if repair:
-            writer.remove_stale_vector_files()
+            mend.remove_files(stale)
 
 
-def _check_fts(writer: IndexWriter, report: CheckReport, repair: bool) -> None:
-    fault = writer.lexical_fault()
+def _check_fts(index: IndexReader | IndexWriter, report: CheckReport, repair: bool) -> None:
+    fault = mend.lexical_fault(index.db, writable=isinstance(index, IndexWriter))
     if fault is None:
         return
     report.problems.append(
         Problem("lexical-index", f"FTS5 tables disagree with the chunks ({fault})", repair)
     )
     if repair:
-        writer.rebuild_lexical()
+        mend.rebuild_lexical(index.db)
 
 
-def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, device: str) -> None:
+def _check_vectors(index: IndexReader | IndexWriter, report: CheckReport, repair: bool, device: str) -> None:
     """Vectors must match the chunks one to one and be finite unit vectors; a repair drops the
     extra ones, leaves out parts of the store that are lost or unreadable (segment files), and
     re-embeds the missing and damaged ones from the chunks' stored text. An index that keeps no
     vectors (a lexical index) has none to check."""
-    if not writer.meta.get("dense", True):
+    if not index.meta.get("dense", True):
         return
     try:
-        inspection = writer.store.inspect(writer.db, writer.meta)
+        inspection = index.store.inspect(index.db, index.meta)
     except RagidxError as error:  # nothing to compare with, nothing a repair could write to
         report.problems.append(Problem("vectors", str(error), False))
         return
     for _, why in inspection.unreadable:
         report.problems.append(Problem("vectors", why, repair))
     ids, vectors = inspection.ids, inspection.vectors
-    dimension = int(writer.meta.get("dimension") or 0)
+    dimension = int(index.meta.get("dimension") or 0)
     if vectors.size and vectors.shape[1] != dimension:
         detail = (
             f"the vectors have {vectors.shape[1]} dimensions, the index's settings say {dimension}; {REBUILD}"
         )
         report.problems.append(Problem("dimension", detail, False))
         return
-    chunk_ids = writer.chunk_ids()
+    chunk_ids = all_chunk_ids(index.db)
     extra = np.setdiff1d(ids, chunk_ids)
     missing = np.setdiff1d(chunk_ids, ids)
     damaged = np.intersect1d(ids[~unit_vectors(vectors)], chunk_ids)
@@ -204,8 +221,10 @@ def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, devic
         report.problems.append(Problem("segment-records", detail, repair))
     if repair and inspection.fix_records is not None:  # so that deletions find what the store holds
         inspection.fix_records()
-    if not repair or not (len(extra) or len(missing) or len(damaged) or inspection.unreadable):
+    needed = len(extra) or len(missing) or len(damaged) or inspection.unreadable
+    if not repair or not needed or not isinstance(index, IndexWriter):  # a repair holds a writer
         return
+    writer = index
     restored = np.union1d(missing, damaged)
     with writer.next_generation(dropped=[name for name, _ in inspection.unreadable]) as pending:
         if len(restored):
@@ -213,11 +232,11 @@ def _check_vectors(writer: IndexWriter, report: CheckReport, repair: bool, devic
                 restored,
                 reembed(
                     writer,
-                    IndexSettings.of_index(writer.meta, writer.directory).load_strategy(device),
+                    IndexSettings.of_index(index.meta, index.directory).load_strategy(device),
                     restored,
                 ),
             )
-        pending.commit(writer.meta, drop_vectors=np.union1d(extra, damaged))
+        pending.commit(index.meta, drop_vectors=np.union1d(extra, damaged))
     if len(restored):
         report.problems.append(
             Problem("re-embedded", f"{counted(len(restored), 'chunk')} from their stored text", True)

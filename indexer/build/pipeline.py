@@ -206,30 +206,7 @@ def build(
             if loaded is not None:
                 loaded.clear()
                 loaded[arguments] = runtime
-        name, reason = resolution.strategy_name(runtime)
-        strategy = resolution.strategy(name, runtime)
-        chunker = resolution.chunker(runtime, strategy)
-        dense = resolution.dense
-        settings = IndexSettings(
-            model=runtime.model_id,
-            strategy=name,
-            strategy_params=strategy.params,
-            chunker=chunker.settings,
-            model_revision=runtime.revision,
-            model_file=runtime.model_file,
-            model_type=runtime.arch.model_type,
-            strategy_reason=reason,
-            strategy_notes=kept_notes(resolution.inherited, name, strategy),
-            dimension=strategy.dimension,
-            dtype=runtime.precision,
-            vector_index=vector_index,
-            store=resolution.store,
-            roots=resolution.roots(access),
-            max_file_bytes=access.max_bytes,
-            dense=dense is not False,
-            dense_reason=resolution.dense_reason,
-        )
-        resolution.refuse_incompatible(settings)
+        strategy, chunker, settings = resolution.resolved(runtime, vector_index, access)
         if (
             stored
             and not plan.changes_anything
@@ -248,7 +225,7 @@ def build(
                 if len(restored):  # lost parts' chunks, or a lexical index's, surviving this build's removals
                     pending.restore(restored, _reembed(writer, strategy, restored, options.progress))
                 documents, sample = plan.to_embed, None
-                if dense is None and not options.ray:
+                if resolution.dense is None and not options.ray:
                     sample = _decide_on_sample(
                         documents, chunker, strategy, access, journal, settings, options
                     )
@@ -266,7 +243,7 @@ def build(
                         device=options.device,
                         dtype=settings.dtype,
                         trust_remote_code=options.trust_remote_code,
-                        strategy=name,
+                        strategy=settings.strategy,
                         params=strategy.params,
                         batch=strategy.batch,
                         chunker=chunker.settings,
@@ -364,16 +341,6 @@ def _reembed(writer: IndexWriter, strategy: Strategy, chunk_ids: np.ndarray, pro
     """:func:`reembed` with a progress bar: a lexical index getting vectors embeds all its chunks."""
     with progress_bar(len(chunk_ids), "embedding", "chunks", progress) as bar:
         return reembed(writer, strategy, chunk_ids, lambda rows, _tokens: bar.update(rows))
-
-
-def kept_notes(inherited: IndexSettings | None, name: str, strategy: Strategy) -> dict[str, Any]:
-    """What the strategy says of how its settings were chosen: as the build that chose them said,
-    when this build (incremental or ``--rebuild``) took them from the index unchanged (its options
-    then come from the index, and would all read as given: ``layer source: --layers`` for layers
-    the user never gave)."""
-    if inherited and inherited.strategy == name and inherited.strategy_params == strategy.params:
-        return {**strategy.notes, **inherited.strategy_notes}
-    return strategy.notes
 
 
 def _scan(

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES, FileAccess
@@ -205,6 +205,14 @@ def build_options(index_dir: str | Path | None = None, **options: Any) -> BuildO
     return BuildOptions(strategy_options=strategy_options, **options)
 
 
+class Resolved(NamedTuple):
+    """A build's strategy, chunker and the settings its index records (:meth:`Resolution.resolved`)."""
+
+    strategy: Strategy
+    chunker: Chunker
+    settings: IndexSettings
+
+
 @dataclass(frozen=True)
 class Resolution:
     """A build's options against the index's settings; see :func:`resolve`."""
@@ -353,7 +361,38 @@ class Resolution:
             given.strategy_options or given.document_template or given.query_template or given.max_length
         )
 
-    def strategy_name(self, runtime: ModelRuntime) -> tuple[str, str]:
+    def resolved(
+        self, runtime: ModelRuntime, vector_index: VectorIndexSettings, access: FileAccess
+    ) -> Resolved:
+        """What the build embeds with once the model is loaded: the strategy (named, or the index's,
+        or the model's default) with its parameters, the chunker, and the settings the index will
+        record; an index built with other settings is refused (its vectors would not mix)."""
+        name, reason = self._strategy_name(runtime)
+        strategy = self._strategy(name, runtime)
+        chunker = self._chunker(runtime, strategy)
+        settings = IndexSettings(
+            model=runtime.model_id,
+            strategy=name,
+            strategy_params=strategy.params,
+            chunker=chunker.settings,
+            model_revision=runtime.revision,
+            model_file=runtime.model_file,
+            model_type=runtime.arch.model_type,
+            strategy_reason=reason,
+            strategy_notes=kept_notes(self.inherited, name, strategy),
+            dimension=strategy.dimension,
+            dtype=runtime.precision,
+            vector_index=vector_index,
+            store=self.store,
+            roots=self.roots(access),
+            max_file_bytes=access.max_bytes,
+            dense=self.dense is not False,
+            dense_reason=self.dense_reason,
+        )
+        self._refuse_incompatible(settings)
+        return Resolved(strategy, chunker, settings)
+
+    def _strategy_name(self, runtime: ModelRuntime) -> tuple[str, str]:
         """The strategy's name and the reason it was chosen (stored in the index and printed)."""
         given, inherited = self.given, self.inherited
         if given.strategy == "auto":
@@ -366,7 +405,7 @@ class Resolution:
             return inherited.strategy, inherited.strategy_reason
         return default_strategy(runtime.model.config)
 
-    def strategy(self, name: str, runtime: ModelRuntime) -> Strategy:
+    def _strategy(self, name: str, runtime: ModelRuntime) -> Strategy:
         """The strategy with the index's stored parameters (same strategy), overridden by those given."""
         given = {
             "document_template": self.given.document_template,
@@ -380,7 +419,7 @@ class Resolution:
             return strategy_from_index(name, runtime, self.inherited.strategy_params, batch=batch, **given)
         return create_strategy(name, runtime, batch=batch, **given)
 
-    def chunker(self, runtime: ModelRuntime, strategy: Strategy) -> Chunker:
+    def _chunker(self, runtime: ModelRuntime, strategy: Strategy) -> Chunker:
         """The chunker given, else the index's (same strategy), else the strategy's default."""
         same = self.inherited is not None and self.inherited.strategy == strategy.name
         previous = self.inherited.chunker if same and self.inherited else {}
@@ -392,7 +431,7 @@ class Resolution:
             self.given.spacy_model or previous.get("spacy_model"),
         )
 
-    def refuse_incompatible(self, settings: IndexSettings) -> None:
+    def _refuse_incompatible(self, settings: IndexSettings) -> None:
         """Adding to an index built with other settings needs ``--rebuild``: its vectors would not mix."""
         stored = self.stored
         if stored is None:
@@ -410,7 +449,7 @@ class Resolution:
 
     def refuse_early(self) -> None:
         """The conflicts the options and the stored settings show without the model (another model,
-        strategy or chunking), refused before anything loads; :meth:`refuse_incompatible` compares
+        strategy or chunking), refused before anything loads; :meth:`resolved` compares
         the rest (strategy options, which a strategy resolves against its model: ``--exit-layer -2``
         is stored as 28) once it has."""
         given, stored = self.given, self.stored
@@ -471,3 +510,13 @@ def resolve(given: BuildOptions, previous: IndexSettings | None) -> Resolution:
         strategy_class(named).Options.given(given.strategy_options, named)
     resolution.refuse_early()
     return resolution
+
+
+def kept_notes(inherited: IndexSettings | None, name: str, strategy: Strategy) -> dict[str, Any]:
+    """What the strategy says of how its settings were chosen: as the build that chose them said,
+    when this build (incremental or ``--rebuild``) took them from the index unchanged (its options
+    then come from the index, and would all read as given: ``layer source: --layers`` for layers
+    the user never gave)."""
+    if inherited and inherited.strategy == name and inherited.strategy_params == strategy.params:
+        return {**strategy.notes, **inherited.strategy_notes}
+    return strategy.notes

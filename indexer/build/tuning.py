@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ragidx.indexer.build.settings import IndexSettings
-from ragidx.indexer.ingest.chunking import Span
+from ragidx.indexer.ingest.spans import Span
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.search.engine import Ranked, SearchEngine, no_vectors
 from ragidx.indexer.search.fusion import Fusion

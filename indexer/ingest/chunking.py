@@ -8,14 +8,14 @@ heading never fuses with the paragraph after it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.sources import PARAGRAPH_BREAK
+from ragidx.indexer.ingest.spans import Span, relative_spans
 
-Span = tuple[int, int]
 RULE_BASED_SENTENCES = "blank:en+sentencizer"  # the spacy_model setting of the default splitter
 LONG_RUN = re.compile(r"\S{256,}")  # never handed to spaCy: see _without_long_runs
 
@@ -33,11 +33,6 @@ class Chunk:
     def relative_sentences(self) -> list[Span]:
         """The sentence spans as offsets into the chunk's own text (what strategies read)."""
         return relative_spans(self.sentences, self.start)
-
-
-def relative_spans(spans: Iterable[Sequence[int]], start: int) -> list[Span]:
-    """Spans into a document made relative to a part of it that begins at ``start``."""
-    return [(first - start, last - start) for first, last in spans]
 
 
 def _trim(text: str, start: int, end: int) -> Span:

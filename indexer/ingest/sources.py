@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import hashlib
 import json
@@ -269,15 +268,6 @@ def within_bounds(value: Any) -> bool:
         if values > MAX_METADATA_VALUES or chars > MAX_METADATA_CHARS:
             return False
     return True
-
-
-def span_pages(page_starts: Sequence[int] | None, start: int, end: int) -> list[int] | None:
-    """The 1-based pages a character span of a paged document's text touches; None unpaged."""
-    if not page_starts:
-        return None
-    first = bisect.bisect_right(page_starts, start)
-    last = bisect.bisect_right(page_starts, max(start, end - 1))
-    return list(range(max(first, 1), last + 1))
 
 
 def decode_text(data: bytes) -> str | None:

@@ -11,10 +11,7 @@ which throughput no longer grew (docs/gpu.md). Rows and tokens the user gives al
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ragidx.indexer.model.runtime import ModelRuntime
+from typing import Any, Protocol
 
 CPU_ROWS = 32
 CPU_TOKENS = 16384
@@ -52,7 +49,21 @@ def gpu_batch(free_bytes: int, per_token_bytes: int) -> BatchSettings:
     return BatchSettings(max_rows=tokens // ROW_TOKENS, max_tokens=tokens)
 
 
-def device_batch(runtime: ModelRuntime, rows: int | None = None, tokens: int | None = None) -> BatchSettings:
+class LoadedModel(Protocol):
+    """What sizing a batch reads of a loaded model (a :class:`~ragidx.indexer.model.runtime.ModelRuntime`,
+    which this module does not import: the runtime imports it)."""
+
+    @property
+    def device(self) -> Any: ...  # torch.device
+
+    @property
+    def dtype(self) -> Any: ...  # torch.dtype
+
+    @property
+    def model(self) -> Any: ...  # the network, whose ``config`` gives its widths
+
+
+def device_batch(runtime: LoadedModel, rows: int | None = None, tokens: int | None = None) -> BatchSettings:
     """``rows`` and ``tokens`` where given, else the device's: :func:`gpu_batch` on CUDA, else the
     CPU's fixed 32 rows and 16,384 tokens."""
     default = BatchSettings()

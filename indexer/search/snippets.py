@@ -12,12 +12,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ragidx.indexer.ingest.spans import Span
 from ragidx.indexer.storage.lexical import stop_words
 
 WORD = re.compile(r"\w+")
 SNIPPET_CHARS = 240
-
-Span = tuple[int, int]
 
 
 @dataclass(frozen=True)

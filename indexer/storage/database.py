@@ -4,9 +4,11 @@ vector store holds its vectors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,16 +16,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.ingest.chunking import relative_spans
+from ragidx.indexer.ingest.spans import relative_spans
 from ragidx.indexer.storage.lexical import create_cjk_table
-from ragidx.indexer.storage.segments import create_segment_tables
+from ragidx.indexer.storage.local.segments import create_segment_tables
 from ragidx.indexer.wording import excerpt
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
 
-    from ragidx.indexer.ingest.chunking import Chunk, Span
+    from ragidx.indexer.ingest.chunking import Chunk
     from ragidx.indexer.ingest.sources import SourceDocument
+    from ragidx.indexer.ingest.spans import Span
 
 SCHEMA_VERSION = 1
 SQL_BATCH = 500  # ids per "in (...)" list, well under SQLite's parameter limit
@@ -46,6 +49,20 @@ def database_error(path: Path, error: sqlite3.Error) -> RagidxError:
     if code.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_IOERR")):
         return RagidxError(f"cannot use {path}: {reason} (check its permissions and the free space)")
     return RagidxError(f"{path}: {reason}")
+
+
+@contextlib.contextmanager
+def opening(path: Path, close: Callable[[], None]) -> Iterator[None]:
+    """The steps that open an index's database: any failure ``close``s what they opened, and
+    SQLite's own errors become one line (:func:`database_error`)."""
+    try:
+        yield
+    except sqlite3.DatabaseError as error:
+        close()
+        raise database_error(path, error) from error
+    except BaseException:
+        close()
+        raise
 
 
 def damage(db: Database) -> str | None:
@@ -186,25 +203,6 @@ def relative_sentences(stored: str | None, start: int) -> list[Span]:
     """A chunk's sentence spans as stored (JSON, offsets into its document) made relative to the
     chunk's own text, which is what embedding and snippets read."""
     return relative_spans(json.loads(stored or "[]"), start)
-
-
-# rule: (what is counted, detail, SQL counting the rows at fault, SQL repairing them)
-ROW_RULES = {
-    "orphan-chunks": (
-        "chunk",
-        "belonging to no document",
-        "select count(*) from chunks where document_id not in (select id from documents)",
-        "delete from chunks where document_id not in (select id from documents)",
-    ),
-    "chunk-counts": (
-        "document",
-        "with a wrong chunk count",
-        "select count(*) from documents d where chunk_count != "
-        "(select count(*) from chunks c where c.document_id = d.id)",
-        "update documents set chunk_count = "
-        "(select count(*) from chunks c where c.document_id = documents.id)",
-    ),
-}
 
 
 def document_row(record: DocumentRecord, now: float) -> dict[str, Any]:

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.ingest.sources import span_pages
+from ragidx.indexer.ingest.spans import span_pages
 from ragidx.indexer.storage.database import (
     SCHEMA_VERSION,
     all_chunk_ids,
     connect,
     database_error,
     in_batches,
+    opening,
     read_meta,
     relative_sentences,
     row_counts,
@@ -34,7 +35,7 @@ from ragidx.indexer.storage.stores import store_from_meta
 from ragidx.indexer.storage.vector_store import LoadedVectors, VectorStore
 
 if TYPE_CHECKING:
-    from ragidx.indexer.ingest.chunking import Span
+    from ragidx.indexer.ingest.spans import Span
     from ragidx.indexer.storage.filters import Filters
 
 
@@ -54,15 +55,9 @@ class IndexReader:
         self._held = hold_file(path)
         if self._held is None:
             raise no_index(self.directory)
-        try:
+        with opening(path, self.close):
             self.db = connect(path, read_only=not writable(self.directory))
             self.meta = read_meta(self.db)
-        except sqlite3.DatabaseError as error:
-            self.close()
-            raise database_error(path, error) from error
-        except BaseException:
-            self.close()
-            raise
         if not self.meta.get("generation"):
             self.close()
             raise no_index(self.directory)

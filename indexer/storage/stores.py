@@ -14,8 +14,8 @@ from ragidx.indexer.storage.vector_store import StoreKind, StoreSpec
 # kind -> the spec class (module:name), imported on use: naming the stores (the CLI's --store
 # choices) loads none of them.
 STORE_KINDS = {
-    "local": "ragidx.indexer.storage.segment_store:LocalSegments",
-    "milvus": "ragidx.indexer.storage.milvus:MilvusLocation",
+    "local": "ragidx.indexer.storage.local.store:LocalSegments",
+    "milvus": "ragidx.indexer.storage.milvus.store:MilvusLocation",
 }
 STORES = tuple(STORE_KINDS)
 DEFAULT_STORE = "local"

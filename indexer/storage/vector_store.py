@@ -1,16 +1,16 @@
 """Where an index's vectors live, behind one interface.
 
 SQLite holds every index's documents, chunks, lexical tables and settings; its vectors live in a
-*vector store*: local segment files (:mod:`.segment_store`, the default) or a Milvus collection
-(:mod:`.milvus`). Code outside this package reaches a store only through :class:`StoreSpec`,
-:class:`VectorStore` and :class:`LoadedVectors`; :mod:`.stores` is the one place that maps the
-kind an index records to its class. A new store (pgvector, Qdrant, LanceDB) is one module
-implementing these protocols and one entry in :data:`.stores.STORE_KINDS`.
+*vector store*: local segment files (:mod:`.local`, the default) or a Milvus collection
+(:mod:`.milvus`), each a sub-package. Code outside this package reaches a store only through
+:class:`StoreSpec`, :class:`VectorStore` and :class:`LoadedVectors`; :mod:`.stores` is the one
+place that maps the kind an index records to its class. A new store (pgvector, Qdrant, LanceDB) is
+one sub-package implementing these protocols and one entry in :data:`.stores.STORE_KINDS`.
 
 The reader and the writer (:mod:`.reader`, :mod:`.writer`) keep the commit protocol: a store's
 :meth:`VectorWrite.write` runs inside the generation's SQLite transaction and must leave what it
 writes invisible to readers of the previous generation until that transaction commits;
-:meth:`VectorStore.settle` then finishes what had to wait for the commit.
+:meth:`VectorStore.finish_commit` then finishes what had to wait for the commit.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ class VectorStore(Protocol):
         """After that commit: delete what this store held for the index."""
         ...
 
-    def settle(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+    def finish_commit(self, meta: Mapping[str, Any]) -> dict[str, Any]:
         """Finish what the committed generation still owes the store (a commit, or a build
         stopped after one); the ``meta`` values that change once it is done."""
         ...

@@ -2,7 +2,7 @@
 
 Commit protocol: the new generation's vectors go to the index's vector store (for segments: new
 files written under the generation's names and fsynced); then one SQLite transaction replaces the
-rows, records what the store wrote, and the new generation; then the store settles what had to
+rows, records what the store wrote, and the new generation; then the store finishes what had to
 wait for the commit, and files no committed generation lists are deleted. A crash at any point
 leaves the previous generation readable.
 """
@@ -26,9 +26,8 @@ import numpy as np
 
 from ragidx.indexer.errors import IndexLocked, RagidxError
 from ragidx.indexer.faults import checkpoint
-from ragidx.indexer.ingest.chunking import Span
+from ragidx.indexer.ingest.spans import Span
 from ragidx.indexer.storage.database import (
-    ROW_RULES,
     SCHEMA_VERSION,
     DocumentRecord,
     all_chunk_ids,
@@ -39,9 +38,9 @@ from ragidx.indexer.storage.database import (
     database_error,
     document_row,
     in_batches,
+    opening,
     read_meta,
     relative_sentences,
-    restore_lexical,
     row_counts,
     write_meta,
 )
@@ -49,11 +48,10 @@ from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.lexical import (
     CJK_TABLE,
     add_cjk_rows,
-    fill_cjk_table,
     remove_cjk_rows,
 )
 from ragidx.indexer.storage.location import DB_NAME, JOURNAL_NAME, LOCK_NAME
-from ragidx.indexer.storage.segments import segment_files
+from ragidx.indexer.storage.repair import remove_files, stale_vector_files
 from ragidx.indexer.storage.stores import store_from_meta
 from ragidx.indexer.storage.vector_store import StoreSpec, VectorChange, VectorStore
 
@@ -92,16 +90,12 @@ def _own(name: str) -> bool:
 class IndexWriter:
     """Exclusive write access to an index directory, held for the whole build."""
 
-    def __init__(self, directory: str | Path, tidy: bool = True, read_only: bool = False):
+    def __init__(self, directory: str | Path, tidy: bool = True):
         """``tidy=False`` (for ``check`` to report them) leaves crashed builds' leftovers and a
         missing lexical index as they are and opens a damaged file; otherwise leftovers are
         deleted, the lexical index restored, and a damaged file refused before anything is
-        written onto it. ``read_only`` (``check`` of an index in a folder this user may not
-        write) opens an existing index to read, and writes nothing, not even the lock."""
+        written onto it."""
         self.directory = Path(directory)
-        if read_only:
-            self._open_read_only()
-            return
         if self.directory.exists() and not self.directory.is_dir():
             raise RagidxError(f"--index {self.directory} is a file, not a folder")
         refuse_foreign_folder(self.directory)
@@ -116,14 +110,14 @@ class IndexWriter:
             raise RagidxError(
                 f"cannot write the index at {self.directory}: this user may only read it"
             ) from None
-        self._lock_file: IO[str] | None = lock
+        self._lock_file: IO[str] = lock
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
             raise IndexLocked(f"index {self.directory} is locked: another build is writing to it") from None
         path = self.directory / DB_NAME
-        try:
+        with opening(path, self.close):
             self.db = connect(path)
             self.db.enable_wal()
             self.meta = read_meta(self.db)
@@ -132,24 +126,8 @@ class IndexWriter:
                 self.refuse_damage()
             create_schema(self.db, lexical=tidy or not committed)
             if tidy and committed:
-                self.remove_stale_vector_files()  # leftovers of crashed builds
-            self.settle()  # check too: owed rows would read as vectors without chunks
-        except sqlite3.DatabaseError as error:
-            self.close()
-            raise database_error(path, error) from error
-        except BaseException:
-            self.close()
-            raise
-
-    def _open_read_only(self) -> None:
-        self.meta, self._store, self._created, self._existing = {}, None, [], set()
-        self._lock_file = None  # nobody who cannot create the lock file can commit here either
-        path = self.directory / DB_NAME
-        try:
-            self.db = connect(path, read_only=True)
-            self.meta = read_meta(self.db)
-        except sqlite3.DatabaseError as error:
-            raise database_error(path, error) from error
+                remove_files(stale_vector_files(self.directory, self.db, self.meta))  # crashed builds'
+            self.finish_commit()  # check too: owed rows would read as vectors without chunks
 
     def refuse_damage(self) -> None:
         """Refuse to write onto a file SQLite's ``quick_check`` finds damaged (pages it would not
@@ -181,8 +159,6 @@ class IndexWriter:
             self.db.close()
         if self._store is not None:
             self._store.close()
-        if self._lock_file is None:  # read-only: nothing was made
-            return
         if not self.meta.get("generation"):
             for name in set(os.listdir(self.directory)) - self._existing:
                 if name.startswith(JOURNAL_NAME):
@@ -260,11 +236,11 @@ class IndexWriter:
         self.db.commit()
         self.meta = {**self.meta, **values}
 
-    def settle(self) -> None:
+    def finish_commit(self) -> None:
         """Finish what the committed generation still owes its vector store (a build stopped
         between its commit and that leaves it to the next writer)."""
         if self.meta.get("generation"):
-            changed = self.store.settle(self.meta)
+            changed = self.store.finish_commit(self.meta)
             if changed:
                 self.update_meta(changed)
 
@@ -307,52 +283,6 @@ class IndexWriter:
         """Commit a generation without these documents and adding nothing."""
         empty = np.zeros((0, int(self.meta.get("dimension") or 0)), dtype=np.float32)
         return self.commit([], empty, self.meta, document_ids, vector_index=vector_index)
-
-    def stale_vector_files(self) -> list[Path]:
-        """Vector files the committed generation does not list: replaced segments, leftovers of
-        crashed builds, and a local store's files after its vectors moved to another store."""
-        current = set(segment_files(self.db, self.meta))
-        return sorted(path for path in self.directory.glob("vectors-*.faiss*") if path.name not in current)
-
-    def remove_stale_vector_files(self) -> None:
-        for path in self.stale_vector_files():
-            path.unlink(missing_ok=True)
-
-    def faulty_rows(self, rule: str) -> int:
-        """How many rows break ``rule``, one of :data:`ROW_RULES`."""
-        return int(self.db.execute(ROW_RULES[rule][2]).fetchone()[0])
-
-    def repair_rows(self, rule: str) -> None:
-        with self.db.atomic():
-            self.db.execute(ROW_RULES[rule][3])
-
-    def lexical_fault(self) -> str | None:
-        """Why the FTS5 tables disagree with the chunks, or None when they agree."""
-        if not self.db["chunks_fts"].exists():
-            return "the table chunks_fts is missing"
-        copy = None
-        run: Any = self.db.execute
-        if self._lock_file is None:  # read-only: FTS5's check is an insert, so it runs on a copy
-            copy = sqlite3.connect(":memory:")
-            self.db.conn.backup(copy)
-            run = copy.execute
-        try:
-            run("insert into chunks_fts(chunks_fts, rank) values('integrity-check', 1)")
-            run(f"insert into {CJK_TABLE}({CJK_TABLE}) values('integrity-check')")
-        except sqlite3.DatabaseError as error:
-            return str(error)
-        finally:
-            if copy is not None:
-                copy.close()
-        return None
-
-    def rebuild_lexical(self) -> None:
-        """Refill both full-text tables from the chunks (the main one made again if it is gone)."""
-        restore_lexical(self.db)
-        with self.db.atomic():
-            self.db.execute("insert into chunks_fts(chunks_fts) values('rebuild')")
-            self.db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('delete-all')")
-            fill_cjk_table(self.db)
 
 
 class NextGeneration:
@@ -478,8 +408,8 @@ class NextGeneration:
             writer.store.retire()
             writer.store.close()
             writer._store = self.store
-        writer.remove_stale_vector_files()
-        writer.settle()
+        remove_files(stale_vector_files(writer.directory, writer.db, writer.meta))
+        writer.finish_commit()
         return Committed(self.generation, written.settings, written.rebuilt, written.merged, written.parts)
 
     def abandon(self) -> None:

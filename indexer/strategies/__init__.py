@@ -6,7 +6,7 @@ from typing import Any
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import ENCODER_TYPES, ModelRuntime
-from ragidx.indexer.strategies.base import COMMON_PARAMS, BatchSettings, Role, Strategy
+from ragidx.indexer.strategies.base import COMMON_PARAMS, BatchSettings, Strategy
 from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.contrastive import ContrastivePrompting
 from ragidx.indexer.strategies.echo import Echo
@@ -50,7 +50,6 @@ __all__ = [
     "OPTION_SPECS",
     "REGISTRY",
     "BatchSettings",
-    "Role",
     "Strategy",
     "auto_strategy",
     "create_strategy",

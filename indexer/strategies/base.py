@@ -7,7 +7,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.batch_size import BatchSettings, device_batch
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from ragidx.indexer.ingest.chunking import Span
+    from ragidx.indexer.ingest.spans import Span
     from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 TEXT_SLOT = "{text}"
@@ -77,6 +77,14 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(norms, 1e-12)
 
 
+class Templating(NamedTuple):
+    """How a strategy puts text into its model (:meth:`Strategy.templating`)."""
+
+    document: str
+    query: str
+    preprocess: bool  # cleaned for a one-word prompt first (see preprocess_for_prompt)
+
+
 class Strategy(ABC):
     """Turns texts into L2-normalised float32 vectors with one model.
 
@@ -118,17 +126,26 @@ class Strategy(ABC):
                 f"{runtime.arch.model_type} encoder; use --strategy mean"
             )
         self.runtime = runtime
-        self.document_template = check_template(
-            document_template or self.default_document_template, "document template", self.text_slots
-        )
-        self.query_template = check_template(
-            query_template or self.default_query_template, "query template", self.text_slots
-        )
+        self.options = options if options is not None else self.Options()
+        chosen = self.templating(self.options, document_template, query_template)
+        self.document_template = check_template(chosen.document, "document template", self.text_slots)
+        self.query_template = check_template(chosen.query, "query template", self.text_slots)
+        self.preprocess_text = chosen.preprocess
         self.max_length = min(max_length or self.default_max_length, runtime.max_positions)
         self.batch = batch or device_batch(runtime)
-        self.options = options if options is not None else self.Options()
         self.truncated = 0
         self.one_row = TracedReadout(runtime, self._readout_of_ids) if self.traceable else None
+
+    def templating(
+        self, options: Any, document_template: str | None, query_template: str | None
+    ) -> Templating:
+        """The templates (those given, else the strategy's defaults) and whether text is cleaned
+        for a one-word prompt; a strategy whose options decide them overrides this."""
+        return Templating(
+            document_template or self.default_document_template,
+            query_template or self.default_query_template,
+            self.preprocess_text,
+        )
 
     @classmethod
     def takes(cls) -> frozenset[str]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.strategies.base import ROLES, PreparedText, Role, Strategy, check_template
+from ragidx.indexer.roles import ROLES, Role
+from ragidx.indexer.strategies.base import PreparedText, Strategy, check_template
 from ragidx.indexer.strategies.layers import resolve_layer
 from ragidx.indexer.strategies.options import StrategyOptions, option
 from ragidx.indexer.strategies.paper_models import LLAMA2_7B, LLAMA3_8B, is_model
@@ -26,7 +27,7 @@ from ragidx.indexer.strategies.prompts import NORMAL_PROMPTS
 if TYPE_CHECKING:
     import torch
 
-    from ragidx.indexer.ingest.chunking import Span
+    from ragidx.indexer.ingest.spans import Span
     from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 AUXILIARY_TEMPLATE = 'The irrelevant information of this sentence : "{text}" means in one word:"'

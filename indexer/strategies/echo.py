@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.strategies.base import ROLES, PooledText, PreparedText, Role, Strategy
+from ragidx.indexer.roles import ROLES, Role
+from ragidx.indexer.strategies.base import PooledText, PreparedText, Strategy, Templating
 from ragidx.indexer.strategies.options import QUERY_INSTRUCTION_HELP, StrategyOptions, option
 from ragidx.indexer.strategies.pooling import mean_of_positions
 from ragidx.indexer.strategies.token_templates import tokenize_template
@@ -20,7 +21,7 @@ from ragidx.indexer.strategies.token_templates import tokenize_template
 if TYPE_CHECKING:
     import torch
 
-    from ragidx.indexer.ingest.chunking import Span
+    from ragidx.indexer.ingest.spans import Span
     from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 ECHO_DOCUMENT_TEMPLATE = "Document:{text}\nDocument again:{text}"
@@ -44,22 +45,20 @@ class Echo(Strategy):
 
     options: Options
 
-    def __init__(
-        self,
-        runtime: ModelRuntime,
-        options: Options | None = None,
-        *,
-        query_template: str | None = None,
-        **common: Any,
-    ):
+    def __init__(self, runtime: ModelRuntime, options: Options | None = None, **common: Any):
         given = options or self.Options()
         instruction = given.query_instruction or DEFAULT_INSTRUCTION
-        options = dataclasses.replace(given, query_instruction=instruction)
-        template = (query_template or ECHO_QUERY_TEMPLATE).replace(INSTRUCTION_SLOT, instruction)
-        super().__init__(runtime, options, query_template=template, **common)
+        super().__init__(runtime, dataclasses.replace(given, query_instruction=instruction), **common)
         self.token_templates = {
             role: tokenize_template(runtime.tokenizer, self.template_for(role)) for role in ROLES
         }
+
+    def templating(
+        self, options: Options, document_template: str | None, query_template: str | None
+    ) -> Templating:
+        """The query template with the instruction in its slot."""
+        chosen = super().templating(options, document_template, query_template)
+        return chosen._replace(query=chosen.query.replace(INSTRUCTION_SLOT, options.query_instruction or ""))
 
     def prepare(
         self, texts: Sequence[str], role: Role, sentences: Sequence[Sequence[Span]] | None

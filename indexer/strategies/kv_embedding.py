@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING, Any
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.base import PreparedText, Strategy
 from ragidx.indexer.strategies.kv_rerouting import reroute
-from ragidx.indexer.strategies.layer_calibration import load_calibration
-from ragidx.indexer.strategies.layers import LAYERS_HELP, parse_layers, relative_layers
+from ragidx.indexer.strategies.layer_calibration import calibrated_layers
+from ragidx.indexer.strategies.layers import LAYERS_HELP, layer_set
 from ragidx.indexer.strategies.options import StrategyOptions, option
 from ragidx.indexer.strategies.paper_models import (
     LLAMA31_8B,
     MISTRAL_7B_V01,
     QWEN3_4B,
     LayerTable,
-    paper_layers,
 )
 from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
 
@@ -41,21 +40,6 @@ PAPER_LAYER_SETS: LayerTable = (
     ("Llama-3.1-8B", LLAMA31_8B, (10, 11, 20, 26, 27, 28, 29, 30, 31)),
 )
 FALLBACK_DEPTH = (0.35, 0.6)
-
-
-def default_layer_set(runtime: ModelRuntime) -> tuple[list[int], str]:
-    """The paper's set for a model it names, else this model's cached calibration, else mid depth."""
-    paper = paper_layers(runtime.model.config, PAPER_LAYER_SETS)
-    if paper:
-        return paper
-    calibration = load_calibration(runtime)
-    if calibration:
-        return calibration.layers, calibration.describe()
-    # Calibration is not run on its own: on neither packaged model did it beat this depth band on
-    # both STS and retrieval (docs/strategies.md, "KV-Embedding and `ragidx calibrate`").
-    low, high = FALLBACK_DEPTH
-    layers = relative_layers(runtime.arch.num_layers, low, high)
-    return layers, f"fallback depth {low:.2f}-{high:.2f} (no calibration cached)"
 
 
 class KVEmbedding(Strategy):
@@ -78,11 +62,17 @@ class KVEmbedding(Strategy):
         super().__init__(runtime, options, **common)
         if math.isnan(options.kv_bias) or options.kv_bias == math.inf:
             raise RagidxError(f"--kv-bias must be a number or -inf (no re-routing), got {options.kv_bias}")
-        self.layers: list[int]  # S, resolved
-        if options.layers is None:
-            self.layers, self.layer_source = default_layer_set(runtime)
-        else:
-            self.layers, self.layer_source = parse_layers(options.layers, runtime.arch.num_layers), "--layers"
+        # S: calibration is not run on its own: on neither packaged model did it beat the fallback
+        # depth band on both STS and retrieval (docs/strategies.md, "KV-Embedding and `ragidx calibrate`").
+        self.layers, self.layer_source = layer_set(
+            options.layers,
+            runtime.model.config,
+            runtime.arch.num_layers,
+            PAPER_LAYER_SETS,
+            FALLBACK_DEPTH,
+            lambda: calibrated_layers(runtime),
+            "fallback depth {low:.2f}-{high:.2f} (no calibration cached)",
+        )
 
     def resolved_options(self) -> dict[str, Any]:
         return {**super().resolved_options(), "layers": self.layers}

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 DISCARD_FRACTION = 0.1  # Facco et al.: the largest 10% of the ratios are dropped from the fit
 EARLY_FRACTION = 0.2  # layers below floor(0.2·L) only encode surface features (paper)
 WINDOW_FRACTION = 0.1  # S = {l*, ..., min(L-1, l* + floor(0.1·L))}
-DEFAULT_TEXT_COUNT = 1000
 MIN_TEXT_COUNT = 20
 MAX_TEXT_TOKENS = 512
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json")
@@ -210,6 +209,12 @@ def save_calibration(calibration: Calibration, path: Path) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(asdict(calibration), indent=2), encoding="utf-8")
     partial.replace(path)
+
+
+def calibrated_layers(runtime: ModelRuntime) -> tuple[list[int], str] | None:
+    """The cached calibration's layers and what it was, or None where none is cached."""
+    calibration = load_calibration(runtime)
+    return (calibration.layers, calibration.describe()) if calibration else None
 
 
 def load_calibration(runtime: ModelRuntime) -> Calibration | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.paper_models import LayerTable, paper_layers
 
 LAYERS_HELP = "Layer set, 0-based, e.g. 20-27 or 26,27,29."
 
@@ -40,6 +42,27 @@ def relative_layers(num_layers: int, low: float, high: float) -> list[int]:
     """Every layer from round(low·L) to round(high·L), inclusive, kept inside the model."""
     first = min(round(low * num_layers), num_layers - 1)
     return list(range(first, min(round(high * num_layers), num_layers - 1) + 1))
+
+
+def layer_set(
+    given: str | Sequence[int] | None,
+    config: Any,
+    num_layers: int,
+    papers: LayerTable,
+    depth: tuple[float, float],
+    calibrated: Callable[[], tuple[list[int], str] | None] = lambda: None,
+    band: str = "relative depth {low:.2f}-{high:.2f}",
+) -> tuple[list[int], str]:
+    """The layers a strategy reads or rewires, and where they came from: ``--layers`` where given,
+    else the paper's set for a model it names, else a cached calibration (where the strategy has
+    one), else every layer in the relative ``depth`` band (said as ``band``)."""
+    if given is not None:
+        return parse_layers(given, num_layers), "--layers"
+    chosen = paper_layers(config, papers) or calibrated()
+    if chosen:
+        return chosen
+    low, high = depth
+    return relative_layers(num_layers, low, high), band.format(low=low, high=high)
 
 
 def parse_window(spec: str | Sequence[int], num_layers: int, option: str = "--rewire") -> tuple[int, int]:

@@ -7,14 +7,15 @@ state (after the final norm) at the last token, the quote that opens the one-wor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.base import Templating
 from ragidx.indexer.strategies.baselines import LastTokenPooling
 from ragidx.indexer.strategies.options import StrategyOptions, option
 
 if TYPE_CHECKING:
-    from ragidx.indexer.model.runtime import ModelRuntime
+    pass
 
 PROMPTEOL_TEMPLATE = 'This sentence : "{text}" means in one word:"'
 COT_TEMPLATE = 'After thinking step by step , this sentence : "{text}" means in one word:"'
@@ -53,30 +54,18 @@ class PromptEOL(LastTokenPooling):
 
     options: Options
 
-    def __init__(
-        self,
-        runtime: ModelRuntime,
-        options: Options | None = None,
-        *,
-        document_template: str | None = None,
-        query_template: str | None = None,
-        **common: Any,
-    ):
+    def templating(
+        self, options: Options, document_template: str | None, query_template: str | None
+    ) -> Templating:
         """``icl_demo`` prefixes one worked example (paper §3.2) to both templates, directly before
         them; a template that already starts with it (an index's stored one) keeps a single copy."""
-        options = options or self.Options()
+        chosen = super().templating(options, document_template, query_template)
         prefix = demonstration(options.icl_demo) if options.icl_demo else ""
 
         def prefixed(template: str) -> str:
             return template if template.startswith(prefix) else prefix + template
 
-        super().__init__(
-            runtime,
-            options,
-            document_template=prefixed(document_template or self.default_document_template),
-            query_template=prefixed(query_template or self.default_query_template),
-            **common,
-        )
+        return chosen._replace(document=prefixed(chosen.document), query=prefixed(chosen.query))
 
 
 class PretendedCoT(LastTokenPooling):

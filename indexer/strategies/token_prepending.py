@@ -26,6 +26,7 @@ from ragidx.indexer.strategies.base import (
     PreparedText,
     Role,
     Strategy,
+    Templating,
     preprocess_for_prompt,
 )
 from ragidx.indexer.strategies.layers import parse_window, resolve_layer
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ragidx.indexer.ingest.chunking import Chunker, Span
+    from ragidx.indexer.ingest.chunking import Chunker
+    from ragidx.indexer.ingest.spans import Span
     from ragidx.indexer.model.runtime import Batch, ModelRuntime
 
 RETRIEVAL_QUERY_TEMPLATE = "Retrieve relevant document. Text:{text}"
@@ -304,26 +306,14 @@ class GlobalTokenPrepending(TokenPrepending):
 
     options: Options
 
-    def __init__(
-        self,
-        runtime: ModelRuntime,
-        options: Options | None = None,
-        *,
-        document_template: str | None = None,
-        query_template: str | None = None,
-        **common: Any,
-    ):
-        options = options or self.Options()
-        # Last-token TP is the TP paper's PromptEOL setting; mean pooling uses HTP's templates.
-        self.preprocess_text = options.pool == "last"
-        default = PROMPTEOL_TEMPLATE if options.pool == "last" else None
-        super().__init__(
-            runtime,
-            options,
-            document_template=document_template or default,
-            query_template=query_template or default,
-            **common,
-        )
+    def templating(
+        self, options: Options, document_template: str | None, query_template: str | None
+    ) -> Templating:
+        """Last-token TP is the TP paper's PromptEOL setting (cleaned text); mean pooling uses
+        HTP's templates."""
+        if options.pool == "mean":
+            return super().templating(options, document_template, query_template)
+        return Templating(document_template or PROMPTEOL_TEMPLATE, query_template or PROMPTEOL_TEMPLATE, True)
 
     def prepare(
         self, texts: Sequence[str], role: Role, sentences: Sequence[Sequence[Span]] | None

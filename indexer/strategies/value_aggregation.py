@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
-from ragidx.indexer.strategies.base import TEXT_SLOT, PreparedText, Strategy, render
-from ragidx.indexer.strategies.layers import LAYERS_HELP, parse_layers, relative_layers
+from ragidx.indexer.strategies.base import TEXT_SLOT, PreparedText, Strategy, Templating, render
+from ragidx.indexer.strategies.layers import LAYERS_HELP, layer_set
 from ragidx.indexer.strategies.options import QUERY_INSTRUCTION_HELP, StrategyOptions, option
-from ragidx.indexer.strategies.paper_models import LLAMA2_7B, QWEN3_8B, LayerTable, paper_layers
+from ragidx.indexer.strategies.paper_models import LLAMA2_7B, QWEN3_8B, LayerTable
 from ragidx.indexer.strategies.pooling import last_real_token, masked_mean
 from ragidx.indexer.strategies.prompts import PROMPTEOL_TEMPLATE
 
@@ -44,15 +44,6 @@ RELATIVE_DEPTH = (0.65, 0.85)
 ALIGNED_RELATIVE_DEPTH = (0.65, 1.0)
 
 
-def default_layer_set(config: Any, depth: tuple[float, float] = RELATIVE_DEPTH) -> tuple[list[int], str]:
-    """The paper's set for a model it names, else every layer in the ``depth`` band."""
-    paper = paper_layers(config, PAPER_LAYER_SETS)
-    if paper:
-        return paper
-    low, high = depth
-    return relative_layers(config.num_hidden_layers, low, high), f"relative depth {low:.2f}-{high:.2f}"
-
-
 class ValueAggregation(Strategy):
     """Shared machinery: prompt choice, layer set, one reading per layer, mean over layers."""
 
@@ -68,32 +59,23 @@ class ValueAggregation(Strategy):
     traceable = True
     relative_depth: ClassVar[tuple[float, float]] = RELATIVE_DEPTH
 
-    def __init__(
-        self,
-        runtime: ModelRuntime,
-        options: Options | None = None,
-        *,
-        document_template: str | None = None,
-        query_template: str | None = None,
-        **common: Any,
-    ):
+    def __init__(self, runtime: ModelRuntime, options: Options | None = None, **common: Any):
         options = options or self.Options()
-        self.preprocess_text = options.prompt != "none"
+        super().__init__(runtime, options, **common)
+        config, count = runtime.model.config, runtime.arch.num_layers
+        self.layers, self.layer_source = layer_set(  # S
+            options.layers, config, count, PAPER_LAYER_SETS, self.relative_depth
+        )
+
+    def templating(
+        self, options: Options, document_template: str | None, query_template: str | None
+    ) -> Templating:
+        """The prompt's template for both roles (the query's with ``query_instruction`` before the
+        text), its text cleaned for the one-word prompt; ``none``: the text alone."""
         template = PROMPTS[options.prompt]
         if options.query_instruction and not query_template:
             query_template = render(template, f"{options.query_instruction} {TEXT_SLOT}")
-        super().__init__(
-            runtime,
-            options,
-            document_template=document_template or template,
-            query_template=query_template or template,
-            **common,
-        )
-        self.layers: list[int]  # S, resolved
-        if options.layers is None:
-            self.layers, self.layer_source = default_layer_set(runtime.model.config, self.relative_depth)
-        else:
-            self.layers, self.layer_source = parse_layers(options.layers, runtime.arch.num_layers), "--layers"
+        return Templating(document_template or template, query_template or template, options.prompt != "none")
 
     def resolved_options(self) -> dict[str, Any]:
         return {**super().resolved_options(), "layers": self.layers}

@@ -35,7 +35,7 @@ def start(served: list[str], import_from: Path | None) -> tuple[subprocess.Popen
         port = probe.getsockname()[1]
     command, env = [str(Path(sys.executable).with_name("ragidx"))], dict(os.environ)
     if import_from is not None:
-        command = [sys.executable, "-c", "from ragidx.cli import main; main()"]
+        command = [sys.executable, "-m", "ragidx"]
         env["PYTHONPATH"] = str(import_from)
     server = subprocess.Popen(
         [*command, "serve", *served, "--port", str(port)], stderr=subprocess.DEVNULL, env=env

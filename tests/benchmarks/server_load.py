@@ -54,7 +54,7 @@ def start_server(index: Path, device: str, import_from: Path | None) -> tuple[su
     ragidx = [str(Path(sys.executable).with_name("ragidx"))]  # the environment running this script
     env = dict(os.environ)
     if import_from is not None:
-        ragidx = [sys.executable, "-c", "from ragidx.cli import main; main()"]
+        ragidx = [sys.executable, "-m", "ragidx"]
         env["PYTHONPATH"] = str(import_from)
     command = [*ragidx, "serve", "--index", str(index), "--port", str(port), "--device", device]
     server = subprocess.Popen(command, stderr=subprocess.DEVNULL, env=env)

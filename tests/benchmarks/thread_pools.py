@@ -72,7 +72,7 @@ def run_where_called(scheduler) -> None:
 
 def faiss_threads(index_dir: str, queries: int, setting: str) -> str:
     from ragidx.app import Index
-    from ragidx.indexer.storage import vector_index
+    from ragidx.indexer.storage.local import faiss_index as vector_index
 
     if setting == "all":
         vector_index.one_thread_for_one_query = lambda count: contextlib.nullcontext()

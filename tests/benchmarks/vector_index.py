@@ -7,7 +7,7 @@ each point its centre plus isotropic noise of the same norm (--spread 1), L2-nor
 cluster, ~0 across). Queries are fresh points from the same clusters, so their true top 10 are
 near-ties inside one cluster and an ANN index must rank them, not just find the cluster.
 Recall@10 is measured against exact inner-product search. Indexes are built and searched through
-``ragidx.indexer.storage.vector_index`` (the code path `ragidx build` and `ragidx query` use), one query
+``ragidx.indexer.storage.local.faiss_index`` (the code path `ragidx build` and `ragidx query` use), one query
 per call, as a server answers them. The flat sweep gives the latency that sets FLAT_SCAN_BYTES.
 """
 
@@ -72,7 +72,7 @@ def rss_mb() -> float:
 def built(kind: str, vectors: np.ndarray):
     """A vector index of ``kind`` over ``vectors``, made as a build's first commit makes it."""
     from ragidx.indexer.storage.index_settings import VectorIndexSettings
-    from ragidx.indexer.storage.vector_index import new_vector_index
+    from ragidx.indexer.storage.local.faiss_index import new_vector_index
 
     ids = np.arange(len(vectors), dtype=np.int64)
     return new_vector_index(VectorIndexSettings(requested=kind), vectors, ids)

@@ -2,12 +2,12 @@
 
 SQLite stays the index's catalogue (meta, documents, chunks) and its lexical search: BM25 runs on
 the same FTS5 tables as with local vectors, so hybrid scores and tuned fusion weights mean the
-same whichever store holds the vectors (the collection itself: :mod:`.milvus_collection`).
+same whichever store holds the vectors (the collection itself: :mod:`.collection`).
 
 Milvus has no transaction shared with SQLite, so a commit goes: upsert the new vectors (their
 chunk ids are above every committed one, so readers, who search ``chunk_id < next_chunk_id``,
 cannot see them yet); commit SQLite with the deletions still owed to Milvus recorded in ``meta``
-(readers exclude them); then delete them from Milvus and clear the record (:meth:`settle`). A
+(readers exclude them); then delete them from Milvus and clear the record (:meth:`finish_commit`). A
 build killed at any point leaves the previous generation as it was; the next writer finishes owed
 deletions.
 """
@@ -26,7 +26,7 @@ import numpy as np
 from ragidx.indexer.faults import checkpoint
 from ragidx.indexer.storage.database import in_batches
 from ragidx.indexer.storage.index_settings import VectorIndexSettings, default_nlist
-from ragidx.indexer.storage.milvus_collection import INDEX_TYPES, MAX_TOP_K, MilvusCollection
+from ragidx.indexer.storage.milvus.collection import INDEX_TYPES, MAX_TOP_K, MilvusCollection
 from ragidx.indexer.storage.vector_store import (
     Inspection,
     LoadedVectors,
@@ -179,7 +179,7 @@ class MilvusStore:
     def retire(self) -> None:
         self.collection().drop()
 
-    def settle(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+    def finish_commit(self, meta: Mapping[str, Any]) -> dict[str, Any]:
         owed = meta.get(OWED)
         if not owed:
             return {}

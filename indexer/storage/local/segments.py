@@ -26,7 +26,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
 from ragidx.indexer.storage.faiss_module import faiss_module
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
-from ragidx.indexer.storage.vector_index import VectorIndex, new_vector_index, stored_ids
+from ragidx.indexer.storage.local.faiss_index import VectorIndex, new_vector_index, stored_ids
 
 if TYPE_CHECKING:
     import faiss
@@ -105,6 +105,14 @@ def segment_files(db: Database, meta: Mapping[str, Any]) -> list[str]:
     if meta.get("segmented"):
         return [row[0] for row in db.execute("select file from segments")]
     return [segment_file(int(meta["generation"]))] if meta.get("generation") else []
+
+
+def stale_segment_files(directory: Path, db: Database, meta: Mapping[str, Any]) -> list[Path]:
+    """Segment files in ``directory`` the committed generation does not list: replaced segments,
+    leftovers of crashed builds, and a local store's files after its vectors moved to another store."""
+    current = set(segment_files(db, meta))
+    found = (path for path in directory.iterdir() if SEGMENT_FILE.fullmatch(path.name))
+    return sorted(path for path in found if path.name not in current)
 
 
 def read_segments(db: Database, meta: Mapping[str, Any], directory: Path) -> list[Segment]:

@@ -1,5 +1,5 @@
 """ragidx's rows in one Milvus collection, through pymilvus: connect, create, verify, upsert,
-delete, search, scan (the store built on it is :mod:`.milvus`). The collection holds one row
+delete, search, scan (the store built on it is :mod:`.store`). The collection holds one row
 per chunk: ``chunk_id`` (primary key), ``vector``, ``path``, ``text`` and ``metadata``, so other
 tools can read it.
 """
@@ -11,7 +11,7 @@ import importlib.util
 import json
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -21,8 +21,6 @@ from ragidx.indexer.storage.index_settings import VectorIndexSettings, default_n
 
 if TYPE_CHECKING:
     from pymilvus import MilvusClient
-
-    from ragidx.indexer.storage.milvus import MilvusLocation
 
 CONNECT_SECONDS = 10.0
 MAX_TOP_K = 16_384  # Milvus' largest limit per search
@@ -36,6 +34,23 @@ FIELDS = {
     "metadata": "JSON",
 }
 INDEX_TYPES = {"flat": "FLAT", "hnsw": "HNSW", "ivf": "IVF_FLAT", "auto": "AUTOINDEX"}
+
+
+class Address(Protocol):
+    """Where a collection is (a :class:`~ragidx.indexer.storage.milvus.store.Address`, whose
+    module builds its store on this one: it is not imported here)."""
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def collection(self) -> str: ...
+
+    @property
+    def index_id(self) -> str: ...
+
+    @property
+    def where(self) -> str: ...
 
 
 _LITE_USERS: dict[str, int] = {}  # milvus-lite file -> open collections of this process
@@ -70,7 +85,7 @@ def connect(uri: str) -> MilvusClient:
 
 
 @contextlib.contextmanager
-def milvus_errors(location: MilvusLocation) -> Iterator[None]:
+def milvus_errors(location: Address) -> Iterator[None]:
     """Milvus' exceptions as one-line errors naming the collection."""
     from pymilvus.exceptions import MilvusException
 
@@ -83,7 +98,7 @@ def milvus_errors(location: MilvusLocation) -> Iterator[None]:
 class MilvusCollection:
     """ragidx's rows in one Milvus collection."""
 
-    def __init__(self, location: MilvusLocation):
+    def __init__(self, location: Address):
         self.location = location
         self.client = connect(location.uri)
         self.name = location.collection

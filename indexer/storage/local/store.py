@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
-from ragidx.indexer.storage.segments import (
+from ragidx.indexer.storage.local.faiss_index import stored_ids
+from ragidx.indexer.storage.local.segments import (
     BackgroundMerge,
     Segment,
     SegmentedVectors,
@@ -31,7 +32,6 @@ from ragidx.indexer.storage.segments import (
     segment_files,
     write_segments,
 )
-from ragidx.indexer.storage.vector_index import stored_ids
 from ragidx.indexer.storage.vector_store import (
     Inspection,
     LoadedVectors,
@@ -136,7 +136,7 @@ class SegmentStore:
     def retire(self) -> None:
         """Nothing: the files are no longer listed, so the commit's clean-up deletes them."""
 
-    def settle(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+    def finish_commit(self, meta: Mapping[str, Any]) -> dict[str, Any]:
         return {}
 
     def inspect(self, db: Database, meta: Mapping[str, Any]) -> Inspection:

@@ -2,7 +2,7 @@
 
 Each type stores the full float32 vectors, so any index can be rebuilt as any other type
 without re-embedding. A structure is written once and never changed (see
-:mod:`ragidx.indexer.storage.segments`): deleted ids become *tombstones*, kept in SQLite and excluded at
+:mod:`ragidx.indexer.storage.local.segments`): deleted ids become *tombstones*, kept in SQLite and excluded at
 search time by an ``IDSelectorNot``.
 """
 

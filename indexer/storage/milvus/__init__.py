@@ -1,0 +1,2 @@
+"""The Milvus vector store (``--store milvus``): the store and its location (:mod:`.store`) on one
+collection reached through pymilvus (:mod:`.collection`)."""
