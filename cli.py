@@ -25,6 +25,7 @@ from ragidx.app.catalog import (
 from ragidx.app.commands import research
 from ragidx.app.commands.options import (
     MODEL_HELP,
+    LateHelpOption,
     StrategyOptionsCommand,
     build_command_options,
     context_budget_option,
@@ -757,7 +758,8 @@ def info(index_dir: Path | None, as_json: bool) -> None:
     "--queries",
     type=click.IntRange(min=1),
     default=None,
-    help="Pseudo-queries to draw from the corpus (default 100).",
+    cls=LateHelpOption,
+    help_of=lambda: f"Pseudo-queries to draw from the corpus (default {catalog.DEFAULT_PSEUDO_QUERIES}).",
 )
 @device_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

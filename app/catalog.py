@@ -21,6 +21,8 @@ from ragidx.indexer.storage.index_settings import FLAT_SCAN_BYTES, INDEX_TYPES, 
 from ragidx.indexer.storage.stores import STORES
 
 if TYPE_CHECKING:
+    from ragidx.indexer.build.tuning import DEFAULT_PSEUDO_QUERIES
+    from ragidx.indexer.ingest.chunking import DEFAULT_OVERLAP_SENTENCES
     from ragidx.indexer.model.sources import install_packaged_model, ollama_model_rows, packaged_model_rows
     from ragidx.indexer.strategies import OPTION_SPECS, strategy_rows
     from ragidx.indexer.strategies.options import OptionSpec, flag_of
@@ -35,6 +37,8 @@ __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_MODEL",
     "DEFAULT_NEW_TOKENS",
+    "DEFAULT_OVERLAP_SENTENCES",
+    "DEFAULT_PSEUDO_QUERIES",
     "DEVICES",
     "DTYPES",
     "FILTER_HELP",
@@ -77,5 +81,8 @@ __getattr__ = lazy_names(
         "ollama_model_rows": "ragidx.indexer.model.sources",
         "packaged_model_rows": "ragidx.indexer.model.sources",
         "strategy_rows": "ragidx.indexer.strategies",
+        "strategy_defaults": "ragidx.indexer.strategies",
+        "DEFAULT_OVERLAP_SENTENCES": "ragidx.indexer.ingest.chunking",
+        "DEFAULT_PSEUDO_QUERIES": "ragidx.indexer.build.tuning",
     },
 )

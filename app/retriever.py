@@ -15,7 +15,7 @@ from ragidx.app.generation import ChatEndpoint, Generator, LocalGenerator
 from ragidx.indexer.build.maintenance import CheckReport, RemoveReport, check, remove
 from ragidx.indexer.build.pipeline import BuildReport, build
 from ragidx.indexer.build.settings import IndexSettings, build_options
-from ragidx.indexer.build.tuning import DEFAULT_QUERIES, TuningReport, tune_and_store
+from ragidx.indexer.build.tuning import DEFAULT_PSEUDO_QUERIES, TuningReport, tune_and_store
 from ragidx.indexer.build.watch import watch
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import model_tokenizer
@@ -326,7 +326,7 @@ class Index:
         self.refresh()
         loaded = self._strategy if self.model_loaded else None
         with IndexWriter(self.reader.directory) as writer:
-            report = tune_and_store(writer, loaded, queries or DEFAULT_QUERIES, self.device)
+            report = tune_and_store(writer, loaded, queries or DEFAULT_PSEUDO_QUERIES, self.device)
         self.refresh()
         return report
 

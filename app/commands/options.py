@@ -51,6 +51,25 @@ trust_remote_code_option = click.option(
 )
 
 
+class LateHelpOption(click.Option):
+    """An option whose help names a default that lives in a module the command line does not
+    import to parse (the strategies, tuning): ``help_of`` writes it when help is shown."""
+
+    def __init__(self, *args: Any, help_of: Callable[[], str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.help_of = help_of
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.help = self.help_of()
+        return super().get_help_record(ctx)
+
+
+def strategy_defaults_shown(attribute: str) -> str:
+    """``default 512; echo: 1024; htp: 8192``: a per-strategy default as help shows it."""
+    common, others = catalog.strategy_defaults(attribute)
+    return "; ".join([f"default {common}", *(f"{name}: {value}" for name, value in others.items())])
+
+
 def index_option(command: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--index",
@@ -254,21 +273,29 @@ def build_command_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--max-length",
+            cls=LateHelpOption,
             type=click.IntRange(min=8),
             default=None,
-            help="Longest templated input in tokens (default 512; htp: 8192; capped at the model's context).",
+            help_of=lambda: (
+                f"Longest templated input in tokens ({strategy_defaults_shown('default_max_length')}; "
+                "capped at the model's context)."
+            ),
         ),
         click.option(
             "--chunk-tokens",
+            cls=LateHelpOption,
             type=click.IntRange(min=8),
             default=None,
-            help="Token budget of a chunk (default 256; htp: 1024).",
+            help_of=lambda: f"Token budget of a chunk ({strategy_defaults_shown('default_chunk_tokens')}).",
         ),
         click.option(
             "--overlap-sentences",
+            cls=LateHelpOption,
             type=click.IntRange(min=0),
             default=None,
-            help="Sentences repeated from the previous chunk (default 1).",
+            help_of=lambda: (
+                f"Sentences repeated from the previous chunk (default {catalog.DEFAULT_OVERLAP_SENTENCES})."
+            ),
         ),
         click.option(
             "--spacy-model",

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ragidx.indexer.build.embedding import embed_records, read_record
-from ragidx.indexer.build.tuning import DEFAULT_QUERIES, TuningReport, tune_and_store
+from ragidx.indexer.build.tuning import DEFAULT_PSEUDO_QUERIES, TuningReport, tune_and_store
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument
@@ -192,7 +192,7 @@ def tune_sample(
         IndexWriter(Path(folder) / "index") as writer,
     ):
         writer.commit(records, vectors, meta)
-        return tune_and_store(writer, strategy, min(DEFAULT_QUERIES, chunks), device, progress)
+        return tune_and_store(writer, strategy, min(DEFAULT_PSEUDO_QUERIES, chunks), device, progress)
 
 
 def embed_sample(

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES, FileAccess
-from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.ingest.chunking import DEFAULT_OVERLAP_SENTENCES, Chunker
 from ragidx.indexer.model.batch_size import device_batch
 from ragidx.indexer.model.choices import default_model
 from ragidx.indexer.model.runtime import ModelRuntime, load_runtime, model_tokenizer
@@ -423,7 +423,11 @@ class Resolution:
         """The chunker given, else the index's (same strategy), else the strategy's default."""
         same = self.inherited is not None and self.inherited.strategy == strategy.name
         previous = self.inherited.chunker if same and self.inherited else {}
-        overlaps = (self.given.overlap_sentences, previous.get("overlap_sentences"), 1)
+        overlaps = (
+            self.given.overlap_sentences,
+            previous.get("overlap_sentences"),
+            DEFAULT_OVERLAP_SENTENCES,
+        )
         return Chunker(
             runtime.tokenizer,
             self.given.chunk_tokens or previous.get("chunk_tokens") or strategy.default_chunk_tokens,

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ragidx.indexer.storage.writer import IndexWriter
     from ragidx.indexer.strategies import Strategy
 
-DEFAULT_QUERIES = 100  # each costs one query and one document embedding
+DEFAULT_PSEUDO_QUERIES = 100  # each costs one query and one document embedding
 # A build tunes on at most this share of its index's chunks in pseudo-queries: each costs about
 # one chunk's embedding (its remainder, and the short query), so tuning takes about this share of
 # what embedding the index took, searches included (0.22-0.23 measured; 100 pseudo-queries took
@@ -145,7 +145,7 @@ class TuningReport:
 
 
 def pseudo_queries(
-    reader: IndexReader, limit: int = DEFAULT_QUERIES, seed: int = SEED, level: Level = "documents"
+    reader: IndexReader, limit: int = DEFAULT_PSEUDO_QUERIES, seed: int = SEED, level: Level = "documents"
 ) -> list[PseudoQuery]:
     """Up to ``limit`` cloze queries from chunks in a seeded random order: one per chunk while
     there are more usable chunks than ``limit``, else taken in turns from each (at most
@@ -217,13 +217,13 @@ def answer_level(counts: Mapping[str, int]) -> Level | None:
 def build_queries(chunks: int) -> int:
     """How many pseudo-queries a build tunes its index of ``chunks`` on (see :data:`BUILD_SHARE`),
     never fewer than tuning needs (an index of 50 to 80 chunks spends a little more)."""
-    return min(DEFAULT_QUERIES, max(MIN_QUERIES, int(BUILD_SHARE * chunks)))
+    return min(DEFAULT_PSEUDO_QUERIES, max(MIN_QUERIES, int(BUILD_SHARE * chunks)))
 
 
 def tune(
     engine: SearchEngine,
     strategy: Callable[[], Strategy],
-    limit: int = DEFAULT_QUERIES,
+    limit: int = DEFAULT_PSEUDO_QUERIES,
     progress: bool = False,
 ) -> TuningReport:
     """Score every weight of the grid on the index's pseudo-queries and keep the best (see
@@ -360,7 +360,7 @@ def needs_tuning(meta: Mapping[str, Any], chunks: int) -> bool:
 def tune_and_store(
     writer: IndexWriter,
     strategy: Strategy | None = None,
-    limit: int = DEFAULT_QUERIES,
+    limit: int = DEFAULT_PSEUDO_QUERIES,
     device: str = "auto",
     progress: bool = False,
 ) -> TuningReport:

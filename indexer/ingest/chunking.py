@@ -16,6 +16,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.sources import PARAGRAPH_BREAK
 from ragidx.indexer.ingest.spans import Span, relative_spans
 
+DEFAULT_OVERLAP_SENTENCES = 1  # sentences a chunk repeats from the one before it
 RULE_BASED_SENTENCES = "blank:en+sentencizer"  # the spacy_model setting of the default splitter
 LONG_RUN = re.compile(r"\S{256,}")  # never handed to spaCy: see _without_long_runs
 
@@ -51,7 +52,7 @@ class Chunker:
         self,
         tokenizer: Any,
         chunk_tokens: int = 256,
-        overlap_sentences: int = 1,
+        overlap_sentences: int = DEFAULT_OVERLAP_SENTENCES,
         spacy_model: str | None = None,
     ):
         if chunk_tokens < 8:

@@ -55,6 +55,7 @@ __all__ = [
     "create_strategy",
     "default_strategy",
     "named_or_default",
+    "strategy_defaults",
     "strategy_from_index",
     "strategy_rows",
 ]
@@ -73,6 +74,14 @@ def strategy_rows() -> list[dict[str, Any]]:
         }
         for cls in REGISTRY.values()
     ]
+
+
+def strategy_defaults(attribute: str) -> tuple[Any, dict[str, Any]]:
+    """A per-strategy default (``default_max_length``, ``default_chunk_tokens``): the value most
+    strategies take, and the strategies that take another."""
+    values = {name: getattr(cls, attribute) for name, cls in REGISTRY.items()}
+    common = max(set(values.values()), key=list(values.values()).count)
+    return common, {name: value for name, value in values.items() if value != common}
 
 
 def strategy_class(name: str) -> type[Strategy]:
