@@ -53,15 +53,20 @@ trust_remote_code_option = click.option(
 
 class LateHelpOption(click.Option):
     """An option whose help names a default that lives in a module the command line does not
-    import to parse (the strategies, tuning): ``help_of`` writes it when help is shown."""
+    import to parse (the strategies, tuning): ``help_of`` writes it whenever the help is read
+    (``--help``, and the generated command reference)."""
 
     def __init__(self, *args: Any, help_of: Callable[[], str], **kwargs: Any):
-        super().__init__(*args, **kwargs)
         self.help_of = help_of
+        super().__init__(*args, **kwargs)
 
-    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
-        self.help = self.help_of()
-        return super().get_help_record(ctx)
+    @property
+    def help(self) -> str | None:
+        return self.help_of()
+
+    @help.setter
+    def help(self, _: str | None) -> None:
+        """click sets the help it was given (none): what it shows comes from ``help_of``."""
 
 
 def strategy_defaults_shown(attribute: str) -> str:
