@@ -55,6 +55,7 @@ SLICE_SECONDS = 0.4  # what a slice of a long job aims at, so a query waits abou
 MAX_JOBS = 32  # jobs waiting or running at once; the next is refused with Busy
 MAX_BATCH = 64  # queries embedded in one forward: past this, padding and memory grow faster than the gain
 CANCEL_POLL_SECONDS = 0.2  # how often a caller waiting for its slice looks at its job's cancel event
+CLOSE_SECONDS = 10.0  # how long close() waits for the slice running to end (a few slices at most)
 
 
 class Busy(RagidxError):
@@ -140,10 +141,14 @@ class Scheduler:
 
     def close(self) -> None:
         """End the model thread once the slices queued are done (a process that makes a scheduler
-        per request must not keep a thread per request)."""
+        per request must not keep a thread per request), and wait for it, at most
+        :data:`CLOSE_SECONDS`: a process that exits while that thread is inside the model is
+        aborted by torch ("terminate called without an active exception")."""
         with self._lock:
             self._closing = True
             self._lock.notify_all()
+        if not self.on_model_thread():
+            self._thread.join(CLOSE_SECONDS)
 
     def on_model_thread(self) -> bool:
         return threading.current_thread() is self._thread

@@ -163,6 +163,31 @@ def test_a_cancelled_job_loses_its_waiting_slices_at_once():
     assert scheduler.status()["jobs"] == []
 
 
+def test_close_returns_once_the_slice_running_has_ended():
+    """A process that exits right after close() must not end inside the model: torch aborts it
+    ("terminate called without an active exception", seen once in CI from `ragidx ask`)."""
+    before = set(threading.enumerate())  # other tests' schedulers may still run their threads
+    scheduler = Scheduler()
+    started, ended = threading.Event(), []
+
+    def slow() -> None:
+        started.set()
+        time.sleep(0.5)
+        ended.append(time.monotonic())
+
+    def running() -> None:
+        with scheduler.job("asker", "ask") as job:
+            scheduler.run(job, slow)
+
+    thread, _ = in_thread(running)
+    assert started.wait(10)
+    scheduler.close()
+    returned = time.monotonic()
+    assert ended and ended[0] <= returned
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "ragidx-model"]
+    thread.join(10)
+
+
 def test_background_work_runs_only_when_nothing_else_waits():
     scheduler = Scheduler()
     ran = []
