@@ -16,6 +16,17 @@ if TYPE_CHECKING:
     from ragidx.indexer.model.sources import ModelSource
 
 
+# Texts whose tokens two tokenizers must agree on: prose, digits, odd whitespace and scripts, look-alike
+# special tokens, and one longer than most models' context.
+TOKENIZER_TEXTS = [
+    "Why are there two tides a day? The Moon pulls the near-side ocean.",
+    "Sentence number 1 of 9 and 2024's 3.5 tides",
+    "  leading spaces, ÜNÏCÖDE, emoji 🌊, CJK 日本の首都は東京です, tabs\tand\nlines  ",
+    "<PST> looks special but is not one; neither is [SEP] in text",
+    "x" * 600,
+]
+
+
 def plain_final_states(model, tokenizer, text: str) -> torch.Tensor:
     """Final hidden states (after the final norm) of one unpadded sequence."""
     ids = tokenizer(text, return_tensors="pt")["input_ids"]
@@ -69,12 +80,3 @@ def assert_cache_equals_transformers(source: ModelSource, scratch: Path) -> None
     for name, tensor in expected.items():
         assert got[name].dtype == torch.bfloat16, name
         assert torch.equal(got[name], tensor.to(torch.bfloat16)), name
-
-
-TOKENIZER_TEXTS = [
-    "Why are there two tides a day? The Moon pulls the near-side ocean.",
-    "Sentence number 1 of 9 and 2024's 3.5 tides",
-    "  leading spaces, ÜNÏCÖDE, emoji 🌊, CJK 日本の首都は東京です, tabs\tand\nlines  ",
-    "<PST> looks special but is not one; neither is [SEP] in text",
-    "x" * 600,
-]
