@@ -180,6 +180,26 @@ def test_stop_words_do_not_outvote_content_words(index):
     ]
 
 
+def test_a_spelled_out_name_also_searches_its_acronym():
+    """ "JSON Web Tokens" finds a README that only says ``import jwt``: three or more capitalised
+    words in a row (hyphens join them) add their initials as one more OR-ed word; two do not."""
+    from ragidx.indexer.storage.lexical import match_expression
+
+    assert match_expression("encode and verify JSON Web Tokens") == (
+        "chunks_fts",
+        '"encode" OR "verify" OR "json" OR "web" OR "tokens" OR "jwt"',
+    )
+    assert match_expression("what is a Write-Ahead Log?")[1].endswith('"log" OR "wal"')
+    assert match_expression("stream Server-Sent Events to Large Language Models")[1].endswith(
+        '"sse" OR "llm"'
+    )
+    assert match_expression("Map Python classes")[1] == '"map" OR "python" OR "classes"'  # two: none
+    assert (
+        match_expression("HTTP/2 Push Promise Frames")[1]
+        == '"http" OR "2" OR "push" OR "promise" OR "frames" OR "ppf"'
+    )
+
+
 CJK_DOCUMENTS = {
     "tokyo.txt": "日本の首都は東京です。東京には多くの人が住んでいます。",
     "beijing.txt": "北京是中国的首都。北京有很多名胜古迹。",

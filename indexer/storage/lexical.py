@@ -27,6 +27,9 @@ CJK_TABLE = "chunks_cjk"
 CJK = "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f]"
 CJK_RUN = f"{CJK}+"
 WORD = r"\w+"
+# Capitalised words in a row that stand for an acronym: three, as in "JSON Web Tokens" or
+# "Server-Sent Events"; two would read "Map Python" in "Map Python classes" as one.
+ACRONYM_WORDS = 3
 
 
 @functools.cache
@@ -59,18 +62,38 @@ def match_expression(query: str) -> tuple[str, str] | None:
     """The FTS5 table to search and the MATCH expression for ``query``, or None when it has no words.
 
     Every word is quoted (FTS5 syntax in user text is matched as plain words) and the words are
-    OR-ed, as BM25 ranking expects. Stop words are left out unless the query has nothing else.
-    A query with CJK text searches :data:`CJK_TABLE`, each run of CJK characters as one phrase.
+    OR-ed, as BM25 ranking expects. Stop words are left out unless the query has nothing else;
+    the :func:`acronyms` of its capitalised phrases are added. A query with CJK text searches
+    :data:`CJK_TABLE`, each run of CJK characters as one phrase.
     """
     if has_cjk(query):
         phrases = [" ".join(run) for run in re.findall(CJK_RUN, query)]
         words = _content_words(re.findall(WORD, re.sub(CJK_RUN, " ", query)))
-        terms = [*phrases, *words]
+        terms = [*phrases, *words, *acronyms(query)]
         return CJK_TABLE, " OR ".join(f'"{term}"' for term in dict.fromkeys(terms))
     words = _content_words(re.findall(WORD, query))
     if not words:
         return None
-    return "chunks_fts", " OR ".join(f'"{word}"' for word in words)
+    terms = [*words, *acronyms(query)]
+    return "chunks_fts", " OR ".join(f'"{term}"' for term in dict.fromkeys(terms))
+
+
+def acronyms(query: str) -> list[str]:
+    """The initials of each run of :data:`ACRONYM_WORDS` or more capitalised words, lower-cased
+    ("encode JSON Web Tokens" -> ``jwt``): a question spells out what a document often names only
+    by its acronym (a README that says ``import jwt`` and never "JSON Web Token"). Words in a run
+    are parted by spaces or hyphens; any other mark, a lower-case word, a word with a digit or a
+    stop word ends it, so a claim's "In British Men" or "Cnp1 N-tail" makes none."""
+    found: list[str] = []
+    run: list[str] = []
+    for token in [*re.findall(r"\w+|[^\w\s-]", query), "."]:
+        if token.isalpha() and token[0].isupper() and token.lower() not in stop_words():
+            run.append(token[0])
+            continue
+        if len(run) >= ACRONYM_WORDS:
+            found.append("".join(run).lower())
+        run = []
+    return found
 
 
 def _content_words(words: Iterable[str]) -> list[str]:
