@@ -14,7 +14,7 @@ import pytest
 from ragidx.app import Index
 from ragidx.indexer.build import pipeline
 from ragidx.indexer.build.pipeline import BuildOptions, build
-from ragidx.indexer.build.sampling import SAMPLE_CHUNKS, vectors_help
+from ragidx.indexer.build.sampling import SAMPLE_CHUNKS, SAMPLE_GROUP_CHUNKS, vectors_help
 from ragidx.indexer.build.tuning import TuningReport
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import JOURNAL_KILL_POINT
@@ -202,6 +202,43 @@ def test_a_killed_build_resumes_from_its_journal_and_the_previous_index_stays(
     assert resumed["embedded_tokens"] == resumed["tokens"] - done["tokens"]
     assert not (index / JOURNAL_NAME).exists()
     assert_same_vectors(index, dense_index)
+
+
+def test_a_long_document_is_journalled_in_parts_and_resumes_where_it_stopped(tmp_path, tiny_models, corpus):
+    """One long file (a quarter of the corpus's notes) is embedded a sixteenth of its bytes at a
+    time: killed after its first part, the build run again takes that part from the journal,
+    embeds only the rest, and stores the vectors an uninterrupted build stores."""
+    long = tmp_path / "long"
+    long.mkdir()
+    notes = sorted(corpus.iterdir())[:100]
+    (long / "all-notes.txt").write_text("\n".join(path.read_text() for path in notes))
+    model, index = tiny_models["llama"], tmp_path / "index"
+    whole = build([long], options(model, tmp_path / "whole", dense=True, tune=False))
+    flags = ("--model", model, "--index", index, "--dtype", "float32", "--chunk-tokens", CHUNK_TOKENS,
+             "--dense", "--no-tune")  # fmt: skip
+    killed = ragidx("build", long, *flags, check=False, env={"RAGIDX_KILL_AT": JOURNAL_KILL_POINT})
+    assert killed.returncode == -9 and (index / JOURNAL_NAME).is_file()
+    resumed = json.loads(ragidx("build", long, *flags, "--json").stdout)
+    done = resumed["resumed"]
+    assert done["documents"] == 1 and 0 < done["chunks"] <= whole.chunks // 8
+    assert resumed["embedded_tokens"] == whole.tokens - done["tokens"]
+    assert_same_vectors(index, tmp_path / "whole")
+
+
+def test_a_build_killed_during_its_sample_keeps_the_groups_it_embedded(tmp_path, tiny_models, corpus):
+    """The sample is journalled an eighth at a time: killed after its first group, the build run
+    again takes that group from the journal and embeds the rest of the sample."""
+    flags = ("--model", tiny_models["llama"], "--index", tmp_path / "index", "--dtype", "float32",
+             "--chunk-tokens", CHUNK_TOKENS)  # fmt: skip
+    killed = ragidx("build", corpus, *flags, check=False, env={"RAGIDX_KILL_AT": JOURNAL_KILL_POINT})
+    assert killed.returncode == -9
+    again = json.loads(ragidx("build", corpus, *flags, "--json").stdout)
+    done, sample = again["resumed"], again["sample"]
+    assert SAMPLE_GROUP_CHUNKS <= done["chunks"] < 2 * SAMPLE_GROUP_CHUNKS < sample["chunks"]
+    embedded_by_sample = again["embedded_tokens"] - (
+        again["tokens"] - sample["tokens"] if again["dense"] else 0
+    )
+    assert embedded_by_sample == sample["tokens"] - done["tokens"]
 
 
 def test_a_journal_of_other_settings_is_not_taken(tmp_path, tiny_models, sample_corpus):

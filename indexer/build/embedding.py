@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ragidx.indexer.ingest.access import FileAccess
-from ragidx.indexer.ingest.chunking import Chunker
+from ragidx.indexer.ingest.chunking import Chunk, Chunker
 from ragidx.indexer.ingest.sources import SkippedFile, read_document
 from ragidx.indexer.storage.database import DocumentRecord
 from ragidx.indexer.strategies import Strategy
@@ -46,11 +46,45 @@ def read_record(path: str, chunker: Chunker, access: FileAccess) -> DocumentReco
     return DocumentRecord(fresh, chunker.chunk(fresh.text), fresh.metadata)
 
 
+@dataclass(frozen=True)
+class Part:
+    """Chunks ``start`` to ``stop`` of a record: a long document is embedded and journalled a part
+    at a time, so an interrupted build loses at most one part of it, not all of it."""
+
+    record: DocumentRecord
+    start: int
+    stop: int
+
+    @classmethod
+    def whole(cls, record: DocumentRecord) -> Part:
+        return cls(record, 0, len(record.chunks))
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        return self.record.chunks[self.start : self.stop]
+
+    @property
+    def last(self) -> bool:
+        """Whether this part ends its record."""
+        return self.stop == len(self.record.chunks)
+
+    @property
+    def size(self) -> float:
+        """The bytes of the record's file this part stands for (its share of the chunks)."""
+        return self.record.source.size * (self.stop - self.start) / max(len(self.record.chunks), 1)
+
+
 def embed_records(
     strategy: Strategy, records: Sequence[DocumentRecord], progress: ProgressCallback | None = None
 ) -> np.ndarray:
-    """One vector per chunk of ``records``, in order; sentence spans are made chunk-relative."""
-    chunks = [chunk for record in records for chunk in record.chunks]
+    """One vector per chunk of ``records``, in order."""
+    return embed_chunks(strategy, [chunk for record in records for chunk in record.chunks], progress)
+
+
+def embed_chunks(
+    strategy: Strategy, chunks: Sequence[Chunk], progress: ProgressCallback | None = None
+) -> np.ndarray:
+    """One vector per chunk, in order; sentence spans are made chunk-relative."""
     if not chunks:
         return np.zeros((0, strategy.dimension), dtype=np.float32)
     sentences = [chunk.relative_sentences for chunk in chunks]

@@ -3,11 +3,12 @@
 A generation commits in one SQLite transaction at the end of a build (the previous generation
 stays readable until then), so a build stopped by Ctrl-C, a crash or a full disk committed
 nothing, and before this journal the next build embedded everything again: on a 35-minute build,
-35 minutes lost to one keystroke. Each group of documents a build embeds is written here as soon
-as its vectors exist (one small SQLite transaction, durable like any commit), keyed by the
-document's content hash; a later build with the same embedding settings (the journal's
-fingerprint) takes those documents' vectors from here instead of the model. A successful commit
-deletes the journal: its vectors are then in the index.
+35 minutes lost to one keystroke. Each group of chunks a build embeds (whole documents, or parts
+of a long one) is written here as soon as its vectors exist (one small SQLite transaction, durable
+like any commit), keyed by the document's content hash and the chunks' place in it; a later build
+with the same embedding settings (the journal's fingerprint) takes the vectors of each document's
+chunks from here, as far as they run unbroken from its first, and embeds only the rest. A
+successful commit deletes the journal: its vectors are then in the index.
 
 The journal sits beside the index database (:data:`JOURNAL_NAME`), and outlives a first build
 that committed nothing (the writer leaves it when it clears such a build's files).
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ragidx.indexer.build.embedding import Part
 from ragidx.indexer.faults import JOURNAL_KILL_POINT, checkpoint
 from ragidx.indexer.storage.database import DocumentRecord
 from ragidx.indexer.storage.location import JOURNAL_NAME
@@ -73,6 +75,16 @@ class Resumed:
         )
 
 
+@dataclass(frozen=True)
+class _Saved:
+    """Where a journalled part lies in its document, and when it was saved."""
+
+    start: int
+    stop: int
+    total: int  # the document's chunks when it was saved: another chunking is another document
+    saved_at: float
+
+
 class EmbeddingJournal:
     """The vectors embedded by builds with one set of settings that have not committed yet."""
 
@@ -81,7 +93,7 @@ class EmbeddingJournal:
         self.fingerprint = fingerprint(settings)
         self.resumed = Resumed()
         self._db: sqlite3.Connection | None = None
-        self._found: dict[str, tuple[int, float]] | None = None  # content hash -> (chunks, saved at)
+        self._found: dict[str, list[_Saved]] | None = None  # content hash -> its parts
 
     def _connection(self) -> sqlite3.Connection:
         """The journal's database, made on first use; rows of other settings are dropped. A
@@ -99,14 +111,15 @@ class EmbeddingJournal:
         try:
             db.execute("create table if not exists settings (fingerprint text)")
             db.execute(
-                "create table if not exists documents (content_hash text primary key, chunks integer, "
-                "dimension integer, vectors blob, saved_at real)"
+                "create table if not exists parts (content_hash text, start integer, stop integer, "
+                "total integer, dimension integer, vectors blob, saved_at real, "
+                "primary key (content_hash, start, stop))"
             )
             stored = db.execute("select fingerprint from settings").fetchone()
             if stored is None or stored[0] != self.fingerprint:
                 with db:
                     db.execute("begin")
-                    db.execute("delete from documents")
+                    db.execute("delete from parts")
                     db.execute("delete from settings")
                     db.execute("insert into settings values (?)", [self.fingerprint])
         except BaseException:
@@ -114,54 +127,82 @@ class EmbeddingJournal:
             raise
         return db
 
-    def _index(self) -> dict[str, tuple[int, float]]:
+    def _index(self) -> dict[str, list[_Saved]]:
         if self._found is None:
-            if not self.path.exists():
-                self._found = {}
-            else:
-                rows = self._connection().execute("select content_hash, chunks, saved_at from documents")
-                self._found = {digest: (chunks, saved) for digest, chunks, saved in rows}
+            self._found = {}
+            if self.path.exists():
+                rows = self._connection().execute(
+                    "select content_hash, start, stop, total, saved_at from parts order by start"
+                )
+                for digest, *where in rows:
+                    self._found.setdefault(digest, []).append(_Saved(*where))
         return self._found
 
     def take(self, record: DocumentRecord) -> np.ndarray | None:
-        """The vectors of ``record``'s chunks if an earlier build embedded this very content with
-        these settings (counted in :attr:`resumed`), else None."""
-        found = self._index().get(record.source.content_hash)
-        if found is None or found[0] != len(record.chunks):
+        """The vectors of all of ``record``'s chunks if earlier builds embedded this very content
+        with these settings (counted in :attr:`resumed`), else None."""
+        held = self._held(record)
+        if held is None or len(held[0]) < len(record.chunks):
             return None
-        row = (
-            self._connection()
-            .execute(
-                "select dimension, vectors from documents where content_hash = ?",
-                [record.source.content_hash],
-            )
-            .fetchone()
-        )
-        dimension, blob = row
-        vectors = np.frombuffer(blob, dtype=np.float32).reshape(len(record.chunks), dimension).copy()
+        return self._count(record, *held)
+
+    def take_start(self, record: DocumentRecord) -> np.ndarray | None:
+        """The vectors of ``record``'s first chunks, as many in a row as the journal holds (None:
+        none), counted in :attr:`resumed`: the build embeds the chunks after them."""
+        held = self._held(record)
+        return None if held is None else self._count(record, *held)
+
+    def _held(self, record: DocumentRecord) -> tuple[np.ndarray, float] | None:
+        """The journalled vectors of ``record``'s chunks from its first on, and when the first of
+        them was saved; None where it holds none."""
+        total = len(record.chunks)
+        parts = [part for part in self._index().get(record.source.content_hash, []) if part.total == total]
+        reached, chosen = 0, []
+        for part in parts:  # in order of start; a later build may have cut other parts
+            if part.start <= reached < part.stop:
+                chosen.append((part, reached))
+                reached = part.stop
+        if not chosen:
+            return None
+        db = self._connection()
+        pieces = []
+        for part, first in chosen:
+            dimension, blob = db.execute(
+                "select dimension, vectors from parts where content_hash = ? and start = ? and stop = ?",
+                [record.source.content_hash, part.start, part.stop],
+            ).fetchone()
+            rows = np.frombuffer(blob, dtype=np.float32).reshape(part.stop - part.start, dimension)
+            pieces.append(rows[first - part.start :])
+        return np.concatenate(pieces), min(part.saved_at for part, _ in chosen)
+
+    def _count(self, record: DocumentRecord, vectors: np.ndarray, saved_at: float) -> np.ndarray:
         resumed = self.resumed
         resumed.documents += 1
-        resumed.chunks += len(record.chunks)
-        resumed.tokens += sum(chunk.token_count for chunk in record.chunks)
-        resumed.since = min(found[1], resumed.since or found[1])
+        resumed.chunks += len(vectors)
+        resumed.tokens += sum(chunk.token_count for chunk in record.chunks[: len(vectors)])
+        resumed.since = min(saved_at, resumed.since or saved_at)
         return vectors
 
-    def save(self, records: Sequence[DocumentRecord], vectors: np.ndarray) -> None:
-        """Keep the vectors of ``records`` (one row per chunk, in record order) in one transaction."""
-        rows, start, now = [], 0, time.time()
-        for record in records:
-            count = len(record.chunks)
-            part = np.ascontiguousarray(vectors[start : start + count], dtype=np.float32)
-            start += count
+    def save(self, parts: Sequence[Part], vectors: np.ndarray) -> None:
+        """Keep the vectors of ``parts`` (one row per chunk, in part order) in one transaction."""
+        rows, offset, now = [], 0, time.time()
+        for part in parts:
+            count = part.stop - part.start
+            block = np.ascontiguousarray(vectors[offset : offset + count], dtype=np.float32)
+            offset += count
             if count:
-                rows.append((record.source.content_hash, count, part.shape[1], part.tobytes(), now))
+                digest, total = part.record.source.content_hash, len(part.record.chunks)
+                rows.append((digest, part.start, part.stop, total, block.shape[1], block.tobytes(), now))
         if not rows:
             return
         db = self._connection()
         with db:
             db.execute("begin")
-            db.executemany("insert or replace into documents values (?, ?, ?, ?, ?)", rows)
-        self._index().update({digest: (count, now) for digest, count, *_ in rows})
+            db.executemany("insert or replace into parts values (?, ?, ?, ?, ?, ?, ?)", rows)
+        found = self._index()
+        for digest, start, stop, total, *_ in rows:
+            found.setdefault(digest, []).append(_Saved(start, stop, total, now))
+            found[digest].sort(key=lambda part: part.start)
         checkpoint(JOURNAL_KILL_POINT)
 
     def discard(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ import numpy as np
 
 from ragidx import __version__
 from ragidx.indexer.build.distributed import WorkerSpec, connect, embed_documents_on_ray
-from ragidx.indexer.build.embedding import Embedded, embed_records, read_record
+from ragidx.indexer.build.embedding import Embedded, Part, embed_chunks, read_record
 from ragidx.indexer.build.journal import EmbeddingJournal, Resumed
 from ragidx.indexer.build.maintenance import reembed
 from ragidx.indexer.build.sampling import (
@@ -43,7 +44,6 @@ from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.model.sources import check_same_file, resolve_model
 from ragidx.indexer.progress import notice
 from ragidx.indexer.progress import progress as progress_bar
-from ragidx.indexer.storage.database import DocumentRecord
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.vector_store import StoreSpec
 from ragidx.indexer.storage.writer import Committed, IndexWriter, NextGeneration
@@ -426,16 +426,20 @@ def _embed_documents(
     progress: bool,
     journal: EmbeddingJournal,
 ) -> Embedded:
-    """Re-read, chunk and embed ``documents`` a group at a time, handing each group's rows and
-    vectors to ``pending`` and ``journal`` at once, so memory holds one group's texts, not the
-    corpus's, and an interrupted build loses one group at most. A document whose vectors the
-    journal holds (an interrupted build embedded it) is not embedded again.
+    """Re-read, chunk and embed ``documents`` a group of chunks at a time, handing each group's
+    vectors to ``journal`` at once, and each document, once all its chunks have vectors, to
+    ``pending``: memory holds one group's texts, not the corpus's, and an interrupted build loses
+    one group at most. A group ends at :data:`EMBED_SLICE` chunks or a :data:`JOURNAL_PARTS`-th of
+    the bytes, so a long document is cut into parts (a 107 kB README was 43% of one corpus); the
+    chunks at the start of a document that the journal holds (an interrupted build embedded them)
+    are not embedded again.
 
     A file that became unreadable since the scan is skipped and reported.
     """
     embedded = Embedded()
     started = time.perf_counter()
-    group: list[DocumentRecord] = []
+    group: list[Part] = []
+    held: dict[int, list[np.ndarray]] = {}  # vectors so far of each document a group has part of
     fed = done = 0  # templated tokens through the model, chunks embedded: for what is shown
     total = sum(document.size for document in documents)
     part_bytes = total / JOURNAL_PARTS
@@ -443,7 +447,7 @@ def _embed_documents(
     # moves and its ETA holds however unequal the documents are.
     with progress_bar(total, "embedding", "B", progress, scale=True) as bar:
         shown = 0.0  # of the current group's bytes
-        group_bytes = group_chunks = 0
+        group_bytes = group_chunks = 0.0
 
         def advance(rows: int, batch_tokens: int) -> None:
             nonlocal fed, shown, done
@@ -457,13 +461,21 @@ def _embed_documents(
 
         def flush() -> None:
             nonlocal shown, group_bytes, group_chunks
-            group_bytes = sum(record.source.size for record in group)
-            group_chunks = sum(len(record.chunks) for record in group)
+            group_bytes = sum(part.size for part in group)
+            group_chunks = sum(len(part.chunks) for part in group)
             shown = 0.0
-            vectors = embed_records(strategy, group, advance)
-            embedded.embedded_tokens += sum(chunk.token_count for record in group for chunk in record.chunks)
+            chunks = [chunk for part in group for chunk in part.chunks]
+            vectors = embed_chunks(strategy, chunks, advance)
+            embedded.embedded_tokens += sum(chunk.token_count for chunk in chunks)
             journal.save(group, vectors)
-            pending.add(group, vectors)
+            ended, offset = [], 0
+            for part in group:
+                held[id(part.record)].append(vectors[offset : offset + len(part.chunks)])
+                offset += len(part.chunks)
+                if part.last:
+                    ended.append(part.record)
+            if ended:
+                pending.add(ended, np.concatenate([v for record in ended for v in held.pop(id(record))]))
             bar.update(group_bytes - shown)  # what rounding left
             group.clear()
 
@@ -474,15 +486,29 @@ def _embed_documents(
                 bar.update(document.size)
                 continue
             embedded.count(record)
-            kept = journal.take(record)
-            if kept is not None:
+            count = len(record.chunks)
+            kept = journal.take_start(record)
+            start = 0 if kept is None else len(kept)
+            if kept is not None and start == count:
                 pending.add([record], kept)
                 bar.update(document.size)
                 continue
-            group.append(record)
-            chunks = sum(len(r.chunks) for r in group)
-            if chunks >= EMBED_SLICE or sum(r.source.size for r in group) >= part_bytes:
-                flush()
+            held[id(record)] = [] if kept is None else [kept]
+            bar.update(document.size * start / max(count, 1))
+            while True:  # once at least: a document without chunks is a part too
+                room = EMBED_SLICE - sum(len(part.chunks) for part in group)
+                room_bytes = part_bytes - sum(part.size for part in group)
+                fits = math.ceil(room_bytes * count / max(record.source.size, 1))
+                part = Part(record, start, start + min(count - start, room, max(fits, 1)))
+                group.append(part)
+                if (
+                    sum(len(p.chunks) for p in group) >= EMBED_SLICE
+                    or sum(p.size for p in group) >= part_bytes
+                ):
+                    flush()
+                start = part.stop
+                if part.last:
+                    break
         if group:
             flush()
     embedded.seconds = time.perf_counter() - started

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ragidx.indexer.build.embedding import embed_records, read_record
+from ragidx.indexer.build.embedding import Part, embed_records, read_record
 from ragidx.indexer.build.tuning import DEFAULT_PSEUDO_QUERIES, TuningReport, tune_and_store
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
@@ -39,6 +39,9 @@ from ragidx.indexer.wording import counted
 SAMPLE_CHUNKS = 256  # a few hundred chunks: enough pseudo-queries and answers to tune on
 MAX_SAMPLE_SHARE = 0.5  # of the corpus's bytes: a larger sample decides too late to save much
 SEED = 0
+# The sample is journalled a group of documents at a time, each ending at this many chunks: an
+# eighth of it, and a CPU's forward pass or two (a decoder's sample is two minutes of embedding).
+SAMPLE_GROUP_CHUNKS = SAMPLE_CHUNKS // 8
 MIN_DENSE_SHARE = 0.85  # of keyword search's nDCG@10 the dense list must reach (see vectors_help)
 
 
@@ -195,24 +198,39 @@ def tune_sample(
         return tune_and_store(writer, strategy, min(DEFAULT_PSEUDO_QUERIES, chunks), device, progress)
 
 
+def _groups(records: Sequence[DocumentRecord]) -> list[list[DocumentRecord]]:
+    """``records`` in order, in groups of whole documents that end once they reach
+    :data:`SAMPLE_GROUP_CHUNKS` chunks."""
+    groups: list[list[DocumentRecord]] = [[]]
+    for record in records:
+        if sum(len(each.chunks) for each in groups[-1]) >= SAMPLE_GROUP_CHUNKS:
+            groups.append([])
+        groups[-1].append(record)
+    return groups
+
+
 def embed_sample(
     sample: Sample,
     strategy: Strategy,
     take: Callable[[DocumentRecord], np.ndarray | None],
-    keep: Callable[[Sequence[DocumentRecord], np.ndarray], None],
+    keep: Callable[[Sequence[Part], np.ndarray], None],
     progress: bool,
 ) -> tuple[np.ndarray, float, int]:
     """The sample's vectors (those ``take`` finds in the journal, the rest embedded and handed to
-    ``keep``), the seconds embedding took and the tokens it embedded."""
+    ``keep`` a group of :data:`SAMPLE_GROUP_CHUNKS` at a time, so a build stopped during the sample
+    keeps most of it), the seconds embedding took and the tokens it embedded."""
     parts: list[np.ndarray | None] = [take(record) for record in sample.records]
     missing = [record for record, part in zip(sample.records, parts, strict=True) if part is None]
     started = time.perf_counter()
     tokens = sum(chunk.token_count for record in missing for chunk in record.chunks)
     if missing:
+        fresh: list[np.ndarray] = []
         with progress_bar(sum(len(r.chunks) for r in missing), "sample", "chunks", progress) as bar:
-            fresh = embed_records(strategy, missing, lambda rows, _tokens: bar.update(rows))
-        keep(missing, fresh)
-        found = iter(np.split(fresh, np.cumsum([len(record.chunks) for record in missing])[:-1]))
+            for group in _groups(missing):
+                vectors = embed_records(strategy, group, lambda rows, _tokens: bar.update(rows))
+                keep([Part.whole(record) for record in group], vectors)
+                fresh += np.split(vectors, np.cumsum([len(record.chunks) for record in group])[:-1])
+        found = iter(fresh)
         parts = [part if part is not None else next(found) for part in parts]
     seconds = time.perf_counter() - started
     dimension = strategy.dimension

@@ -2,19 +2,22 @@
 packages, one file each, and eight questions a developer would ask of it, written before searching.
 
 Usage:
-  python -m tests.benchmarks.readme_corpus write OUT --set core|held-out
-  python -m tests.benchmarks.readme_corpus check CORPUS [--index DIR] [--questions core|held-out]
+  python -m tests.benchmarks.readme_corpus write OUT --set core|held-out|fresh [--site DIR]
+  python -m tests.benchmarks.readme_corpus check CORPUS [--index DIR] [--questions core|held-out|fresh]
       [-- BUILD ARGS...]
   python -m tests.benchmarks.readme_corpus resume CORPUS [--files 20] [--model M] [-- BUILD ARGS...]
 
 ``write`` reads the distributions installed beside the Python that runs it: ``core`` is what
 ``pip install ragidx`` brings (its requirements, followed through theirs: the corpus a new user
 of a fresh venv has), ``held-out`` every other installed package (the dev, docs and test extras'),
-so questions about it were never seen while tuning the build on the core set.
+so questions about it were never seen while tuning the build on the core set. ``fresh`` reads
+another venv's site-packages (``--site``) and keeps what is not installed here: an application
+developer's packages, made with ``python -m venv /tmp/fresh && /tmp/fresh/bin/pip install
+FRESH_PACKAGES`` (the names below), for the ``fresh`` questions.
 
 ``check`` times ``ragidx build CORPUS`` (a fresh index, the defaults unless BUILD ARGS say
 otherwise), then asks the eight held-out questions (``--questions core``: the sixteen development
-questions of the core set) in hybrid mode (the default: the right package
+questions of the core set; ``fresh``: the fresh set's eight) in hybrid mode (the default: the right package
 at rank 1?) and, where the index keeps vectors, in dense mode (in the top 3?).
 
 ``resume`` builds ``--files`` files of the corpus whole, then again in a fresh index stopped by
@@ -53,6 +56,29 @@ QUESTIONS: list[tuple[str, tuple[str, ...]]] = [
     ("encode and verify JSON Web Tokens", ("pyjwt",)),
     ("map Python classes to database tables with an ORM and SQL expressions", ("sqlalchemy",)),
 ]
+# A second held-out set (``--set fresh``: an application developer's venv, written 2026-11-27 with
+# these eight questions before that corpus was built or searched), judged once per change.
+FRESH_QUESTIONS: list[tuple[str, tuple[str, ...]]] = [
+    ("run background jobs on a distributed task queue with workers and a message broker", ("celery",)),
+    ("generate fake names, addresses and emails for test data", ("faker",)),
+    ("property-based testing that generates examples to find edge cases", ("hypothesis",)),
+    ("connect to a remote server over SSH and run commands", ("paramiko", "fabric")),
+    ("freeze the current time in tests so that datetime.now returns a fixed date", ("freezegun",)),
+    ("fuzzy string matching with Levenshtein distance", ("rapidfuzz", "thefuzz")),
+    ("an in-process analytical SQL database to query Parquet and CSV files", ("duckdb",)),
+    ("database schema migrations for SQLAlchemy", ("alembic",)),
+]
+# What the fresh venv's pip installs (their dependencies come along).
+FRESH_PACKAGES = (
+    "flask django celery redis boto3 scikit-learn polars duckdb loguru structlog paramiko fabric "
+    "black isort pylint hypothesis faker freezegun responses pytest-cov tox pre-commit gunicorn "
+    "psycopg2-binary pymongo alembic msgpack cattrs more-itertools toolz diskcache apscheduler arrow "
+    "pendulum humanize bcrypt passlib itsdangerous jmespath xmltodict toml tomlkit python-slugify "
+    "unidecode emoji colorlog prettytable openpyxl xlsxwriter seaborn bokeh altair scipy sentry-sdk "
+    "prometheus-client docker schedule rq docopt fire cookiecutter mako mistune bleach html5lib "
+    "feedparser ftfy rapidfuzz thefuzz jellyfish pydantic-settings authlib oauthlib bandit "
+    "pyinstrument memory-profiler"
+)
 # Development questions for the core set (what `pip install ragidx` brings), written before any
 # search of it: the set to try a change on before the held-out questions judge it.
 CORE_QUESTIONS: list[tuple[str, tuple[str, ...]]] = [
@@ -74,6 +100,7 @@ CORE_QUESTIONS: list[tuple[str, tuple[str, ...]]] = [
     ("parse dates in many formats and compute relative deltas between them", ("python-dateutil",)),
     ("validate data against Python type annotations", ("pydantic",)),
 ]
+QUESTION_SETS = {"held-out": QUESTIONS, "core": CORE_QUESTIONS, "fresh": FRESH_QUESTIONS}
 SUFFIXES = {"text/markdown": ".md", "text/x-rst": ".rst"}
 REPOSITORY = Path(__file__).resolve().parents[2]
 RAGIDX = [str(Path(sys.executable).with_name("ragidx"))]  # the console script beside this Python
@@ -83,9 +110,10 @@ def normalised(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def installed() -> dict[str, metadata.Distribution]:
+def installed(site: Path | None = None) -> dict[str, metadata.Distribution]:
+    """The distributions beside this Python, or in the site-packages folder ``site``."""
     found: dict[str, metadata.Distribution] = {}
-    for distribution in metadata.distributions():
+    for distribution in metadata.distributions(**({"path": [str(site)]} if site else {})):
         found.setdefault(normalised(distribution.metadata["Name"]), distribution)
     return found
 
@@ -105,10 +133,17 @@ def core(distributions: dict[str, metadata.Distribution]) -> set[str]:
     return seen - {"ragidx"}
 
 
-def write(out: Path, which: str) -> None:
-    distributions = installed()
-    base = core(distributions)
-    names = sorted(base if which == "core" else set(distributions) - base - {"ragidx"})
+def write(out: Path, which: str, site: Path | None) -> None:
+    here = installed()
+    if which == "fresh":
+        if site is None:
+            raise SystemExit("--set fresh reads another venv's site-packages: give --site DIR")
+        distributions = installed(site)
+        names = sorted(set(distributions) - set(here))
+    else:
+        distributions = here
+        base = core(distributions)
+        names = sorted(base if which == "core" else set(distributions) - base - {"ragidx"})
     out.mkdir(parents=True, exist_ok=True)
     written = size = 0
     for name in names:
@@ -224,21 +259,22 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     writing = commands.add_parser("write")
     writing.add_argument("out", type=Path)
-    writing.add_argument("--set", choices=("core", "held-out"), default="held-out")
+    writing.add_argument("--set", choices=("core", "held-out", "fresh"), default="held-out")
+    writing.add_argument("--site", type=Path, default=None)
     checking = commands.add_parser("check")
     checking.add_argument("corpus", type=Path)
     checking.add_argument("--index", type=Path, default=None)
-    checking.add_argument("--questions", choices=("core", "held-out"), default="held-out")
+    checking.add_argument("--questions", choices=tuple(QUESTION_SETS), default="held-out")
     resuming = commands.add_parser("resume")
     resuming.add_argument("corpus", type=Path)
     resuming.add_argument("--files", type=int, default=20)
     arguments, extra = parser.parse_known_args()
     extra = [value for value in extra if value != "--"]
     if arguments.command == "write":
-        write(arguments.out, arguments.set)
+        write(arguments.out, arguments.set, arguments.site)
     elif arguments.command == "check":
         index = arguments.index or Path(tempfile.mkdtemp(prefix="ragidx-readmes-")) / "index"
-        check(arguments.corpus, index, extra, CORE_QUESTIONS if arguments.questions == "core" else QUESTIONS)
+        check(arguments.corpus, index, extra, QUESTION_SETS[arguments.questions])
     else:
         resume(arguments.corpus, arguments.files, extra)
 
