@@ -166,8 +166,8 @@ def test_an_answer_from_llama_cpps_own_server(tmp_path, sample_corpus):
             "ask", QUESTION, "--index", index, "-k", "3", "--llm-url", url, "--llm", "smollm2", "--json"
         ).stdout
     )
-    with Index.open(index) as opened:
-        context = opened.context(QUESTION, k=3)
+    with Index.open(index) as opened:  # the CLI shows paths under its working folder relative to it
+        context = opened.context(QUESTION, k=3, relative_to=os.getcwd())
     body = {"model": "smollm2", "messages": messages(QUESTION, context), "max_tokens": 256, "temperature": 0}
     request = urllib.request.Request(
         f"{url}/chat/completions",
