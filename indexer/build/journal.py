@@ -202,7 +202,8 @@ class EmbeddingJournal:
         found = self._index()
         for digest, start, stop, total, *_ in rows:
             found.setdefault(digest, []).append(_Saved(start, stop, total, now))
-            found[digest].sort(key=lambda part: part.start)
+        for digest in {row[0] for row in rows}:
+            found[digest].sort(key=lambda part: part.start)  # as _held reads them
         checkpoint(JOURNAL_KILL_POINT)
 
     def discard(self) -> None:

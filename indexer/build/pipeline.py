@@ -459,10 +459,13 @@ def _embed_documents(
             rate = fed / max(time.perf_counter() - started, 1e-9)
             bar.set_postfix(chunks=done, tok_s=f"{rate:.0f}")
 
+        def filled() -> tuple[int, float]:
+            """The chunks and the bytes the group holds."""
+            return sum(len(part.chunks) for part in group), sum(part.size for part in group)
+
         def flush() -> None:
             nonlocal shown, group_bytes, group_chunks
-            group_bytes = sum(part.size for part in group)
-            group_chunks = sum(len(part.chunks) for part in group)
+            group_chunks, group_bytes = filled()
             shown = 0.0
             chunks = [chunk for part in group for chunk in part.chunks]
             vectors = embed_chunks(strategy, chunks, advance)
@@ -496,15 +499,12 @@ def _embed_documents(
             held[id(record)] = [] if kept is None else [kept]
             bar.update(document.size * start / max(count, 1))
             while True:  # once at least: a document without chunks is a part too
-                room = EMBED_SLICE - sum(len(part.chunks) for part in group)
-                room_bytes = part_bytes - sum(part.size for part in group)
-                fits = math.ceil(room_bytes * count / max(record.source.size, 1))
-                part = Part(record, start, start + min(count - start, room, max(fits, 1)))
+                chunks, size = filled()
+                fits = math.ceil((part_bytes - size) * count / max(record.source.size, 1))
+                part = Part(record, start, start + min(count - start, EMBED_SLICE - chunks, max(fits, 1)))
                 group.append(part)
-                if (
-                    sum(len(p.chunks) for p in group) >= EMBED_SLICE
-                    or sum(p.size for p in group) >= part_bytes
-                ):
+                chunks, size = filled()
+                if chunks >= EMBED_SLICE or size >= part_bytes:
                     flush()
                 start = part.stop
                 if part.last:
