@@ -139,3 +139,16 @@ def test_length_dependent_rotary_scaling_and_other_devices_are_never_traced(runt
     per_layer_type["full_attention"] = {"rope_type": "dynamic"}
     assert limit(per_layer_type) == 0
     assert limit({"rope_type": "default"}, device="meta") == 0
+
+
+def test_a_one_token_row_is_never_traced_so_longer_rows_replay_correctly(runtimes):
+    """transformers attends a lone query token on another path (grouped heads reshaped, not
+    repeated): a trace recorded on a one-token row (a query like "python" as the second text) fixed
+    that path, and every longer query after it failed with a reshape error. One-token rows stay eager."""
+    runtime = runtimes["llama"]
+    strategy = create_strategy("mean", runtime)
+    readout = TracedReadout(runtime, lambda batch: strategy.readout(batch, ()))
+    one, longer = (Batch.single(torch.tensor([ids])) for ids in ([7], [7, 11, 13, 17, 19]))
+    for batch in (one, one, longer, longer):
+        torch.testing.assert_close(readout(batch), strategy.readout(batch, ()), rtol=0, atol=0)
+    assert readout.trace is not None and readout.calls == 2  # traced on the longer row, replayed once

@@ -10,7 +10,8 @@ time (docs/precision.md).
 Tracing takes about a second, so it happens at a strategy's second one-row readout: a one-shot
 ``ragidx query`` never pays for it, a server or a library user embedding query after query does
 once. A trace fixes every Python decision the forward took for its example row, so it is replayed
-only where those decisions cannot differ: one row (nothing padded, so no mask), on a CPU, with
+only where those decisions cannot differ: one row (nothing padded, so no mask) of two tokens or
+more (transformers attends a single token on a path of its own), on a CPU, with
 rotary positions that do not depend on the length, and no longer than a sliding attention window.
 On CUDA the replay was twice as fast but not equal to the eager forward (cosine 0.9962 on an
 8B-shaped model, H200), and the eager one already answers in about 20 ms (docs/gpu.md): it stays off.
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRACE_AT_CALL = 2  # the first one-row readout runs eagerly; the second records the trace
+# transformers attends a lone query token on a path of its own (grouped heads reshaped, not repeated),
+# which a trace of a one-token row would fix for every longer row: shorter rows stay eager.
+MIN_TRACED_TOKENS = 2
 
 
 def rope_types(config: Any) -> set[str]:
@@ -87,6 +91,8 @@ class TracedReadout:
 
     def _replayable(self, batch: Batch) -> bool:
         if self.failed or self.limit == 0 or batch.input_ids.shape[0] != 1:
+            return False
+        if batch.input_ids.shape[1] < MIN_TRACED_TOKENS:
             return False
         return self.limit is None or batch.input_ids.shape[1] <= self.limit
 
