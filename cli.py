@@ -102,9 +102,8 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         )
     else:
         click.echo(f"indexed {counts} without vectors (a lexical index); {report.seconds:.1f} s in all")
-    click.echo(
-        f"model {report.model} ({report.dtype}), strategy {report.strategy} ({report.strategy_reason})"
-    )
+    dtype = f"{report.dtype}: {report.dtype_reason}" if report.dtype_reason else report.dtype
+    click.echo(f"model {report.model} ({dtype}), strategy {report.strategy} ({report.strategy_reason})")
     for key, value in report.strategy_notes.items():
         click.echo(f"  {key.replace('_', ' ')}: {value}")
     if report.restored:

@@ -26,8 +26,7 @@ from typing import Any, Protocol, cast
 from ragidx.app.answering import Answer
 from ragidx.app.scheduler import Cancelled
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.int8_weights import hold_int8
-from ragidx.indexer.model.runtime import ModelRuntime, load_runtime
+from ragidx.indexer.model.runtime import ModelRuntime, load_runtime, weight_holder
 from ragidx.indexer.search.context import Context
 
 Message = dict[str, str]
@@ -249,8 +248,8 @@ def stop_ids(tokenizer: Any) -> list[int]:
 
 def causal_lm(runtime: ModelRuntime) -> Any:
     """The runtime's base model under its architecture's causal-LM class, sharing its weights:
-    the head is the embedding matrix where the model ties them (nothing is copied, but for int8
-    weights: an int8 copy); a model with a separate head needs it in its folder."""
+    the head is the embedding matrix where the model ties them (nothing is copied, but for weights
+    held int8 or float16: a copy held so); a model with a separate head needs it in its folder."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -267,8 +266,9 @@ def causal_lm(runtime: ModelRuntime) -> Any:
     else:
         head.weight = torch.nn.Parameter(_head_weight(runtime).to(embeddings.weight), requires_grad=False)
     model.set_output_embeddings(head)
-    if runtime.precision == "int8":
-        hold_int8(head)  # its own int8 copy: the embedding it may share stays 16-bit
+    holder = weight_holder(runtime.precision, runtime.device.type)
+    if holder is not None:
+        holder(head)  # its own int8 or float16 copy: the embedding it may share stays as it is
     if any(parameter.is_meta for parameter in model.parameters()):
         raise RagidxError(
             f"model '{runtime.model_id}' cannot generate: its causal-LM class has weights ragidx lacks"

@@ -284,7 +284,8 @@ def test_the_memory_check_counts_safetensors_weights_and_can_be_turned_off(tmp_p
     monkeypatch.setattr(memory, "available_bytes", lambda device: 50)
     monkeypatch.setattr(memory, "cpu_has_bfloat16_instructions", lambda: True)  # else bf16 is not named
     memory.check_fits("m", 17, "bfloat16", "cpu")  # 34 bytes
-    advice = r"use --dtype bfloat16 \(0\.0 GB\), --dtype int8 \(0\.0 GB\), --device cuda, a smaller model"
+    leaner = r"--dtype bfloat16 \(0\.0 GB\), --dtype float16 \(0\.0 GB\), --dtype int8 \(0\.0 GB\)"
+    advice = r"use " + leaner + r", --device cuda, a smaller model"
     with pytest.raises(RagidxError, match=r"0\.0 GB in float32 and cpu has 0\.0 GB available; " + advice):
         memory.check_fits("m", 17, "float32", "cpu")
     monkeypatch.setenv("RAGIDX_MEMORY_CHECK", "0")

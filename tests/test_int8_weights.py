@@ -8,20 +8,16 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from transformers import AutoModel
 
+from ragidx.cli import cli
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model import int8_weights, memory, precision
-from ragidx.indexer.model.runtime import ModelRuntime, load_runtime, resolve_dtype
-from ragidx.indexer.strategies import REGISTRY, create_strategy
-
-# Token prepending's placeholder rows are set in the embedding's type, 16-bit here (float32 in the
-# reference): their rounding moves its vectors by up to 7e-4.
-PLACEHOLDER_ROUNDING = {"htp": 2e-3, "tp": 2e-3}
-TEXTS = ["Keep the compost heap damp and airy.", "Tides", "Turn the heap every week, so air gets in."]
+from ragidx.indexer.model.runtime import load_runtime, resolve_dtype
+from tests.support.held_weights import assert_held_equals_reference, decoder_strategies, rounded_model
 
 
 def rounded_by_hand(weight: torch.Tensor, group: int = int8_weights.GROUP) -> torch.Tensor:
@@ -73,21 +69,7 @@ def test_a_row_that_does_not_split_into_groups_is_one_group():
 def fake_int8_model(folder, kind=AutoModel) -> torch.nn.Module:
     """The folder's model in float32 with every weight rounded as the int8 path rounds it: to the
     16-bit type it loads in, then each linear layer's rows to int8 (an independent computation)."""
-    model = kind.from_pretrained(folder, dtype=torch.float32).eval()
-    head = model.get_output_embeddings()
-    if head is not None:  # a head tied to the embedding is rounded on its own; the embedding is not
-        head.weight = torch.nn.Parameter(head.weight.detach().clone())
-    with torch.no_grad():
-        for module in model.modules():
-            for parameter in module.parameters(recurse=False):
-                parameter.copy_(parameter.to(torch.bfloat16).float())
-            if isinstance(module, torch.nn.Linear):
-                module.weight.copy_(rounded_by_hand(module.weight))
-    return model
-
-
-def decoder_strategies() -> list[str]:
-    return sorted(name for name, cls in REGISTRY.items() if cls.decoder_only)
+    return rounded_model(folder, torch.bfloat16, rounded_by_hand, kind)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
@@ -103,16 +85,8 @@ def test_an_int8_model_computes_what_float32_computes_with_the_same_rounded_weig
     embedding = runtime.model.get_input_embeddings().weight
     assert embedding.dtype == torch.bfloat16
     assert {p.dtype for p in runtime.model.parameters() if p is not embedding} == {torch.float32}
-    reference = ModelRuntime(fake_int8_model(folder), runtime.tokenizer, "reference")
     names = decoder_strategies() if arch == "llama" else ["mean", "aligned-wva", "kv-embedding", "htp", "cp"]
-    for name in names:
-        got = create_strategy(name, runtime).encode(TEXTS, "document")
-        expected = create_strategy(name, reference).encode(TEXTS, "document")
-        np.testing.assert_allclose(got, expected, atol=PLACEHOLDER_ROUNDING.get(name, 2e-5), err_msg=name)
-    strategy = create_strategy("aligned-wva", runtime)
-    singles = np.stack([strategy.encode([text], "query")[0] for text in TEXTS])
-    assert strategy.one_row.trace is not None
-    np.testing.assert_allclose(singles, strategy.encode(TEXTS, "query"), atol=2e-5)
+    assert_held_equals_reference(runtime, fake_int8_model(folder), names)
 
 
 def test_an_int8_model_answers_with_an_int8_head_of_its_own(tmp_path):
@@ -136,18 +110,21 @@ def test_an_int8_model_answers_with_an_int8_head_of_its_own(tmp_path):
 @pytest.mark.parametrize("bf16_instructions", [True, False])
 def test_auto_gives_way_to_memory_and_a_refusal_names_what_fits(monkeypatch, bf16_instructions):
     """Where float32 does not fit, bf16 comes next only on a CPU that has bf16 instructions: one
-    without them emulates bf16 at about a hundredth of float32's speed, so int8 comes next there."""
+    without them emulates bf16 at about a hundredth of float32's speed, so float16 weights (float32
+    products) come next there; int8 weights after either."""
     monkeypatch.setattr(memory, "available_bytes", lambda device: 3_000)
     monkeypatch.setattr(memory, "cpu_has_bfloat16_instructions", lambda: bf16_instructions)
-    leaner = "bfloat16" if bf16_instructions else "int8"
-    assert memory.fitting_dtype(1_000, "float32", "cpu") == leaner  # bf16: 2,000 bytes, int8: 1,250
-    assert memory.fitting_dtype(2_000, "float32", "cpu") == "int8"  # 2,500 bytes
-    assert memory.fitting_dtype(2_000, "bfloat16", "cuda") == "int8"
-    assert memory.fitting_dtype(1_000, "float32", "cuda") == "bfloat16"  # a GPU has bf16 products
-    assert memory.fitting_dtype(9_000, "float32", "cpu") == "float32"
+    leaner = "bfloat16" if bf16_instructions else "float16"
+    assert memory.auto_dtype(1_000, "float32", "cpu")[0] == leaner  # 16 bits: 2,000 bytes, int8: 1,250
+    assert memory.auto_dtype(2_000, "float32", "cpu")[0] == "int8"  # 2,500 bytes
+    assert memory.auto_dtype(2_000, "bfloat16", "cuda")[0] == "int8"
+    assert memory.auto_dtype(1_000, "float32", "cuda")[0] == "bfloat16"  # a GPU has bf16 products
+    assert memory.auto_dtype(9_000, "float32", "cpu")[0] == "float32"
     with pytest.raises(RagidxError, match=r"in float32 and cpu has 0\.0 GB available; use --dtype int8 \("):
         memory.check_fits("m", 2_000, "float32", "cpu")
-    named = r"use --dtype bfloat16 \(0\.0 GB\), --dtype int8" if bf16_instructions else r"use --dtype int8 \("
+    named = r"use --dtype float16"
+    if bf16_instructions:
+        named = r"use --dtype bfloat16 \(0\.0 GB\), --dtype float16"
     with pytest.raises(RagidxError, match=named):
         memory.check_fits("m", 1_000, "float32", "cpu")
 
@@ -163,8 +140,8 @@ def test_on_a_gpu_auto_keeps_room_for_a_batch_beside_the_weights(monkeypatch):
     assert memory.device_reserve("int8", "cuda", config) == 2 * 2048 * 4 * 18432 * 4 + 2**29
     assert memory.device_reserve("bfloat16", "cpu", config) == 0
     monkeypatch.setattr(memory, "available_bytes", lambda device: 14 * 2**30)
-    assert memory.fitting_dtype(parameters, "bfloat16", "cuda", config) == "int8"
-    assert memory.fitting_dtype(parameters, "bfloat16", "cpu", config) == "bfloat16"
+    assert memory.auto_dtype(parameters, "bfloat16", "cuda", config)[0] == "int8"
+    assert memory.auto_dtype(parameters, "bfloat16", "cpu", config)[0] == "bfloat16"
     refusal = (
         r"need 14\.4 GB in bfloat16 \(and 1\.1 GB for a batch\) and cuda has 15\.0 GB available; "
         r"use --dtype int8 \(10\.7 GB\), a smaller"
@@ -172,7 +149,7 @@ def test_on_a_gpu_auto_keeps_room_for_a_batch_beside_the_weights(monkeypatch):
     with pytest.raises(RagidxError, match=refusal):
         memory.check_fits("m", parameters, "bfloat16", "cuda", config)
     monkeypatch.setattr(memory, "available_bytes", lambda device: 16 * 2**30)
-    assert memory.fitting_dtype(parameters, "bfloat16", "cuda", config) == "bfloat16"
+    assert memory.auto_dtype(parameters, "bfloat16", "cuda", config)[0] == "bfloat16"
 
 
 def test_the_memory_fallback_loads_int8_where_float32_would_not_fit(tiny_models, monkeypatch):
@@ -184,12 +161,48 @@ def test_the_memory_fallback_loads_int8_where_float32_would_not_fit(tiny_models,
         load_runtime(str(folder), device="cpu", dtype="float32")
 
 
+def test_auto_holds_leaner_weights_where_float32_would_take_over_a_share_of_memory(
+    tiny_models, sample_corpus, tmp_path, monkeypatch
+):
+    """Memory that fits float32 is not reason enough to hold it: past a sixth of the machine (a 1B
+    model's 4.3 GB is a quarter of a 16 GB laptop), ``auto`` holds float16 weights where they are
+    within it, else int8, and says why, in the runtime, the build's summary and ``info``; at or
+    below the share, and for an explicit dtype, float32 stands."""
+    folder = tiny_models["llama"]
+    parameters = memory.folder_parameters(folder)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**40)
+    monkeypatch.setattr(memory, "cpu_has_bfloat16_instructions", lambda: False)
+    monkeypatch.setattr(memory, "total_bytes", lambda: 6 * 4 * parameters)  # float32: exactly the share
+    assert memory.auto_dtype(parameters, "float32", "cpu") == ("float32", "")
+    monkeypatch.setattr(memory, "total_bytes", lambda: 6 * 4 * parameters - 6)
+    dtype, reason = memory.auto_dtype(parameters, "float32", "cpu")
+    assert dtype == "float16" and reason.startswith("float32 weights would take 0.0 GB, over 1/6 of 0.0 GB")
+    assert memory.auto_dtype(parameters, "bfloat16", "cpu") == ("bfloat16", "")  # bf16 products: kept
+    assert memory.auto_dtype(parameters, "float32", "cuda")[0] == "float32"
+    monkeypatch.setattr(memory, "total_bytes", lambda: 6 * 2 * parameters - 6)  # float16 over it too
+    assert memory.auto_dtype(parameters, "float32", "cpu")[0] == "int8"
+    monkeypatch.setattr(memory, "total_bytes", lambda: 6 * 4 * parameters - 6)
+    runtime = load_runtime(str(folder), device="cpu", dtype="auto")
+    assert (runtime.precision, runtime.precision_reason) == ("float16", reason)
+    assert load_runtime(str(folder), device="cpu", dtype="float32").precision == "float32"
+    index = tmp_path / "index"
+    build = ["build", str(sample_corpus / "notes"), "--model", str(folder), "--index", str(index), "--dense"]
+    shown = CliRunner().invoke(cli, build, env={"RAGIDX_NO_DAEMON": "1"}, catch_exceptions=False).output
+    assert f"model {folder} (float16: {reason}), strategy" in shown
+    info = CliRunner().invoke(cli, ["info", "--index", str(index), "--json"], catch_exceptions=False).output
+    assert json.loads(info)["dtype_reason"] == reason
+
+
 SHAPE = SimpleNamespace(hidden_size=576, intermediate_size=1536)
 
 
-def test_without_bf16_instructions_auto_runs_float32_and_times_only_its_packing(monkeypatch, tmp_path):
-    """int8 weights compute in float32 after an upcast, so they are never faster (1.4-1.8x slower for a
-    query on an AVX2-only CPU, docs/precision.md): the probe does not time them, nor emulated bf16."""
+@pytest.mark.parametrize(("half_gflops", "chosen"), [(108.0, "float16"), (107.0, "float32")])
+def test_without_bf16_instructions_auto_takes_float16_weights_where_a_build_keeps_up(
+    monkeypatch, tmp_path, half_gflops, chosen
+):
+    """The probe times float32 plain and packed and float16 weights, never int8 weights (an upcast
+    before a float32 product: never faster) nor emulated bf16; float16 weights are taken at 0.9x the
+    faster float32 or better (half the memory, faster queries), not below."""
     monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(precision, "cpu_has_bfloat16_instructions", lambda: False)
     monkeypatch.setattr(precision, "can_pack_linear_weights", lambda dtype: True)
@@ -197,12 +210,18 @@ def test_without_bf16_instructions_auto_runs_float32_and_times_only_its_packing(
 
     def rate(dtype, inputs, outputs, *args, packed=False):
         timed.append((dtype, packed))
-        return {False: 100.0e9, True: 120.0e9}[packed]
+        speeds = {("float32", False): 100.0, ("float32", True): 120.0, ("float16", False): half_gflops}
+        return speeds[(dtype, packed)] * 1e9
 
     monkeypatch.setattr(precision, "linear_flops_per_second", rate)
-    assert resolve_dtype("auto", "cpu", SHAPE) == "float32"
-    assert resolve_dtype("auto", "cpu", SHAPE) == "float32"  # cached: timed once
-    assert timed == [("float32", False), ("float32", True)]
+    assert resolve_dtype("auto", "cpu", SHAPE) == chosen
+    assert resolve_dtype("auto", "cpu", SHAPE) == chosen  # cached: timed once
+    assert timed == [("float32", False), ("float32", True), ("float16", False)]
     assert precision.packs_float32(576, 1536)
     (entry,) = json.loads((tmp_path / "precision.json").read_text()).values()
-    assert entry == {"float32_gflops": 100.0, "packed_float32_gflops": 120.0, "bfloat16_gflops": 0.0}
+    assert entry == {
+        "float32_gflops": 100.0,
+        "packed_float32_gflops": 120.0,
+        "bfloat16_gflops": 0.0,
+        "half_gflops": half_gflops,
+    }

@@ -96,9 +96,10 @@ def device_options(command: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Choice(DTYPES),
         default=None,
         help=(
-            "Model precision (auto: bf16 on CUDA; on a CPU, bf16 where it has bf16 instructions and "
-            "bf16 is measured faster, else float32, and int8 where that would not fit; int8: int8 "
-            "weights with float32 products, under a third of float32's memory)."
+            "Model precision (auto: bf16 on CUDA; on a CPU, what is measured fastest of bf16 (with bf16 "
+            "instructions), float32 and float16 weights, then leaner weights where those would take over "
+            "a sixth of memory or not fit. On a CPU, float16 and int8 hold float16 or int8 weights and "
+            "compute in float32: half and under a third of float32's memory)."
         ),
     )(command)
     return device_option(command)

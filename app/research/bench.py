@@ -269,7 +269,7 @@ def bench_strategy(
         search.search(strategy.encode([query], "query"), 10)
         latencies.append(1000 * (time.perf_counter() - started))
     dtype = runtime.precision
-    products = "float32" if dtype == "int8" else dtype  # int8 weights multiply in float32
+    products = str(runtime.dtype).removeprefix("torch.")  # held int8 or float16 weights multiply in float32
     peak, best = peaks.get(products, 0.0), max(peaks.values(), default=0.0)
     return BenchRow(
         strategy=name,

@@ -61,6 +61,7 @@ class BuildReport:
     generation: int
     model: str
     dtype: str
+    dtype_reason: str
     strategy: str
     strategy_reason: str
     strategy_notes: dict[str, Any]
@@ -110,6 +111,7 @@ class BuildReport:
             "generation": self.generation,
             "model": self.model,
             "dtype": self.dtype,
+            "dtype_reason": self.dtype_reason,
             "strategy": self.strategy,
             "strategy_reason": self.strategy_reason,
             "strategy_notes": self.strategy_notes,
@@ -389,6 +391,7 @@ def _report(
         generation=int(writer.meta["generation"]),
         model=settings.model,
         dtype=settings.dtype,
+        dtype_reason=settings.dtype_reason,
         strategy=settings.strategy,
         strategy_reason=settings.strategy_reason,
         strategy_notes=settings.strategy_notes,

@@ -59,6 +59,7 @@ class IndexSettings:
     strategy_notes: dict[str, Any] = field(default_factory=dict)
     dimension: int = 0
     dtype: str = ""  # empty for indexes written before the dtype was stored
+    dtype_reason: str = ""  # why --dtype auto gave way to memory ("" where it did not)
     vector_index: VectorIndexSettings = field(default_factory=VectorIndexSettings)
     store: StoreSpec = field(default_factory=lambda: store_from_meta({}))
     roots: tuple[str, ...] = ()  # the real paths of what was indexed: nothing outside is ever read
@@ -94,6 +95,7 @@ class IndexSettings:
             strategy_notes=dict(meta.get("strategy_notes") or {}),
             dimension=int(meta.get("dimension") or 0),
             dtype=str(meta.get("dtype") or ""),
+            dtype_reason=str(meta.get("dtype_reason") or ""),
             vector_index=VectorIndexSettings.from_meta(meta),
             store=store_from_meta(meta),
             roots=tuple(meta.get("roots") or ()),
@@ -382,6 +384,7 @@ class Resolution:
             strategy_notes=kept_notes(self.inherited, name, strategy),
             dimension=strategy.dimension,
             dtype=runtime.precision,
+            dtype_reason=runtime.precision_reason,
             vector_index=vector_index,
             store=self.store,
             roots=self.roots(access),

@@ -8,7 +8,8 @@ import os
 DEFAULT_MODEL = "minilm"  # measured best per minute of build among the offline models: docs/choosing.md
 DEFAULT_DECODER = "gemma3-270m"  # the best offline decoder (docs/choosing.md): what `calibrate` tunes
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # int8: int8 weights, float32 products
+# int8 (and float16 on a CPU): int8 (float16) weights, float32 products
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 
 
 def default_model() -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -120,40 +120,3 @@ def hold_int8(module: nn.Linear) -> None:
         return int8_product(inputs, held, self.bias)
 
     module.forward = types.MethodType(forward, module)  # type: ignore[method-assign] # this instance only
-
-
-def _float32_rows(embedding: nn.Embedding) -> None:
-    """Let a 16-bit embedding matrix give float32 rows, scaled in float32 where the family scales
-    them (Gemma's ``embed_scale``, which its own forward applies in the matrix's dtype), so they
-    equal a float32 matrix's rows and the layers after it compute in float32."""
-    import torch
-
-    def forward(self: nn.Embedding, inputs: torch.Tensor) -> torch.Tensor:
-        rows = torch.nn.Embedding.forward(self, inputs).float()
-        scale = getattr(self, "embed_scale", None)
-        return rows if scale is None else rows * scale.float()
-
-    embedding.forward = types.MethodType(forward, embedding)  # type: ignore[method-assign] # this instance only
-
-
-def hold_int8_weights(model: Any) -> None:
-    """Give every ``nn.Linear`` of ``model`` (loaded 16-bit, on the CPU) int8 weights, keep the
-    input embedding 16-bit with float32 rows, and make every other weight float32. As
-    :func:`~ragidx.indexer.model.packed_linear.pack_linear_weights` does, each weight is copied out
-    of the safetensors mapping as it is passed, so a file's mapping closes once none of its weights
-    is left in it and the model never holds its 16-bit self beside it.
-    """
-    import torch
-
-    embedding = model.get_input_embeddings()
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module.weight is not None:
-            hold_int8(module)
-            continue
-        for parameter in module.parameters(recurse=False):
-            dtype = parameter.dtype if module is embedding else torch.float32
-            parameter.data = parameter.data.to(dtype, copy=True)  # out of the file's mapping
-        for name, buffer in module.named_buffers(recurse=False):
-            if buffer.is_floating_point() and module is not embedding:
-                setattr(module, name, buffer.float())
-    _float32_rows(embedding)

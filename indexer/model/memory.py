@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.batch_size import GPU_MEMORY_SHARE, GPU_MIN_TOKENS, activation_bytes_per_token
+from ragidx.indexer.model.half_weights import can_hold_half_weights
 from ragidx.indexer.model.precision import cpu_has_bfloat16_instructions
 
 # What a run holds per weight. int8: a byte, an eighth for each group's float16 scale and offset,
@@ -29,6 +30,12 @@ COMPUTE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 4}  # int8 w
 GPU_WORKSPACES = 512 * 2**20  # cuBLAS's and attention's workspaces, the caching allocator's rounding
 CACHE_BYTES_PER_WEIGHT = 2  # a converted GGUF's weights are 16-bit
 DISK_MARGIN = 1.05  # the converted copy: 16-bit weights, plus config, tokenizer and shard headers
+# On a CPU, ``--dtype auto`` holds weights no larger than this share of the machine's memory, even
+# where more would fit: a daemon holds them through its idle time, beside everything else the
+# machine runs. It takes the leanest dtype that does (float16, then int8) where the measured one
+# does not: a 1B model's float32 weights (4.3 GB) are over a sixth of a 16 GB laptop, its float16
+# ones (2.2 GB) are not (docs/precision.md#how-auto-chooses).
+HELD_SHARE = 1 / 6
 
 
 def checking() -> bool:
@@ -59,6 +66,13 @@ def available_bytes(device: str) -> int:
     return int(psutil.virtual_memory().available)
 
 
+def total_bytes() -> int:
+    """The machine's physical memory (what :data:`HELD_SHARE` is a share of)."""
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
 def weight_bytes(parameters: int, dtype: str) -> int:
     return int(parameters * BYTES_PER_WEIGHT[dtype])
 
@@ -81,23 +95,38 @@ def needed_bytes(parameters: int, dtype: str, device: str, config: Any = None) -
 def leaner_dtypes(dtype: str, device: str) -> list[str]:
     """The dtypes that hold less memory than ``dtype`` and run at a usable speed on ``device``,
     leanest last. A CPU without bf16 instructions emulates bf16 products at about a hundredth of
-    float32's speed (docs/precision.md), so there an 8B model that does not fit in float32 goes to
-    int8 (float32 products), not to bf16."""
-    usable = ("int8",) if device == "cpu" and not cpu_has_bfloat16_instructions() else ("bfloat16", "int8")
+    float32's speed (docs/precision.md), so there a model that does not fit in float32 goes to
+    float16 or int8 weights (float32 products), not to bf16."""
+    if device == "cpu":
+        half = ("float16",) if can_hold_half_weights() else ()
+        usable = (*half, "int8") if not cpu_has_bfloat16_instructions() else ("bfloat16", *half, "int8")
+    else:
+        usable = ("bfloat16", "int8")
     return [each for each in usable if BYTES_PER_WEIGHT[each] < BYTES_PER_WEIGHT[dtype]]
 
 
-def fitting_dtype(parameters: int, dtype: str, device: str, config: Any = None) -> str:
-    """``dtype`` where the model runs in it (its weights and :func:`device_reserve`), else the first
-    leaner one that does (what ``--dtype auto`` runs: the measured choice gives way to memory
-    rather than refusing), else ``dtype``."""
+def auto_dtype(parameters: int, dtype: str, device: str, config: Any = None) -> tuple[str, str]:
+    """What ``--dtype auto`` runs once memory has its say over the measured ``dtype``, and why it
+    gave way ("" where it did not): on a CPU, float32 weights over :data:`HELD_SHARE` of the
+    machine give way to the first leaner dtype within it (else the leanest); then, where that does
+    not fit in the memory available, the first leaner one that does."""
+    reason = ""
+    share = HELD_SHARE * total_bytes()
+    leaner = leaner_dtypes(dtype, device)
+    if device == "cpu" and dtype == "float32" and leaner and weight_bytes(parameters, dtype) > share:
+        within = [each for each in leaner if weight_bytes(parameters, each) <= share]
+        reason = (
+            f"{dtype} weights would take {_gb(weight_bytes(parameters, dtype))}, "
+            f"over 1/{round(1 / HELD_SHARE)} of {_gb(total_bytes())}"
+        )
+        dtype = within[0] if within else leaner[-1]
     if not checking():
-        return dtype
+        return dtype, reason
     available = available_bytes(device)
     for each in [dtype, *leaner_dtypes(dtype, device)]:
         if needed_bytes(parameters, each, device, config) <= available:
-            return each
-    return dtype
+            return each, reason if each == dtype else f"{dtype} would not fit in {_gb(available)} available"
+    return dtype, reason
 
 
 def check_fits(model: str, parameters: int, dtype: str, device: str, config: Any = None) -> None:

@@ -54,8 +54,9 @@ def can_pack_linear_weights(dtype: str = "bfloat16") -> bool:
     return _packing_ops(getattr(torch, dtype)) is not None
 
 
-def _count_flops_of_packed_products(linear: Any) -> None:
-    """Teach torch's FLOP counter the packed product (2 x rows x inputs x outputs), once."""
+def count_linear_flops(linear: Any) -> None:
+    """Teach torch's FLOP counter a linear operator of its own (2 x rows x inputs x outputs), once:
+    the packed products here, float16 weights' in :mod:`~ragidx.indexer.model.half_weights`."""
     from torch.utils.flop_counter import register_flop_formula
 
     def flops(inputs: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
@@ -113,7 +114,7 @@ def pack_linear_weights(model: nn.Module) -> int:
     if ops is None:
         return 0
     reorder, linear = ops
-    _count_flops_of_packed_products(linear)
+    count_linear_flops(linear)
     packed = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)

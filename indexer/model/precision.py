@@ -4,12 +4,15 @@ bfloat16 halves the bytes a matrix product moves, but only CPUs with bf16 dot-pr
 instructions (AVX512-BF16, AMX) turn that into speed: elsewhere oneDNN converts to float32 and
 back, and bf16 runs at 0.4-0.7x float32 (docs/precision.md). So a CPU with those instructions
 times a model-shaped matrix product in float32 and bf16 (about a second, cached per machine) and
-keeps bf16 only where it is clearly faster. A CPU without them runs float32, and times only
-whether oneDNN's packed float32 weights beat torch's product. int8 weights
+keeps bf16 only where it is clearly faster. Elsewhere it runs float32 products, and times whether
+oneDNN's packed float32 weights beat torch's product and whether float16 weights
+(:mod:`ragidx.indexer.model.half_weights`: the GGUF cache's values exactly, half float32's memory,
+widened inside fbgemm's kernel) keep up with them in a build: where they do they are taken, as a
+query, which only streams weights, runs faster on half the bytes. int8 weights
 (:mod:`ragidx.indexer.model.int8_weights`) are never chosen for speed: they compute in float32
-after an upcast of every weight, so they are at best as fast in a build and 1.4-1.8x slower for a
-query (measured on an AVX2-only CPU); memory alone picks them, where float32 does not fit
-(:func:`ragidx.indexer.model.memory.fitting_dtype`).
+after an upcast of every weight, so they are at best as fast in a build and 1.4-2.2x slower for a
+query (measured on an AVX2-only CPU); memory alone picks them
+(:func:`ragidx.indexer.model.memory.auto_dtype`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ragidx.indexer.cache import cache_dir, cache_lock, read_json_cache, write_json_cache
+from ragidx.indexer.model.half_weights import can_hold_half_weights, hold_half
 from ragidx.indexer.model.packed_linear import can_pack_linear_weights, pack_linear_weights
 
 PROBE_TOKENS = 256  # rows of the probe's product: a typical batch slice, large enough to be steady
@@ -30,6 +34,10 @@ PROBE_SECONDS = 0.4  # per dtype
 # How much faster than float32 bf16 must be to be chosen: below 1.2x, rounding is not worth the
 # speed, and noise could flip the verdict.
 BFLOAT16_SPEED_NEEDED = 1.2
+# float16 weights are taken where a build runs at least this share of float32's speed: they halve
+# the memory and speed up queries (1.3-5.7x at 12 rows of a 1B model's layers, AVX2), so a build a
+# little slower is worth it, and noise around 1.0 must not flip the verdict from run to run.
+HALF_SPEED_NEEDED = 0.9
 # Below this width a product is so small (64 -> 128: ~2 MFLOP) that both dtypes run at the same
 # per-call overhead (measured 0.98-1.01x here), so the probe would time noise: float32, unprobed.
 MIN_PROBED_HIDDEN = 256
@@ -58,10 +66,15 @@ def linear_flops_per_second(
     packed: bool = False,
 ) -> float:
     """FLOP/s of a ``tokens x inputs -> outputs`` linear layer in ``dtype`` on the CPU (``packed``:
-    its weight reordered for oneDNN where this CPU can, as a loaded model's are)."""
+    its weight reordered for oneDNN where this CPU can, as a loaded model's are; ``float16``: float16
+    weights and float32 products, as a CPU run holds them)."""
     import torch
 
-    layer = torch.nn.Linear(inputs, outputs, bias=False).requires_grad_(False).to(getattr(torch, dtype))
+    layer = torch.nn.Linear(inputs, outputs, bias=False).requires_grad_(False)
+    if dtype == "float16":
+        hold_half(layer)
+    else:
+        layer.to(getattr(torch, dtype))
     if packed:
         pack_linear_weights(layer)
     batch = torch.randn(tokens, inputs, dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
@@ -80,11 +93,13 @@ def cpu_has_bfloat16_instructions() -> bool:
 @dataclass(frozen=True)
 class PrecisionProbe:
     """One measurement: a model-shaped product's speed in float32 (torch's own product and
-    oneDNN's packed one) and, on a CPU with bf16 instructions, in bf16; and the verdicts."""
+    oneDNN's packed one), with float16 weights, and on a CPU with bf16 instructions in bf16; and
+    the verdicts."""
 
     float32_gflops: float
     packed_float32_gflops: float  # 0 where this CPU cannot pack float32 weights
     bfloat16_gflops: float  # 0 where this CPU lacks bf16 instructions: not timed, emulated there
+    half_gflops: float  # float16 weights, float32 products; 0 where torch lacks fbgemm's product
 
     @property
     def packs_float32(self) -> bool:
@@ -94,7 +109,9 @@ class PrecisionProbe:
     @property
     def chosen(self) -> str:
         float32 = max(self.float32_gflops, self.packed_float32_gflops)
-        return "bfloat16" if self.bfloat16_gflops >= BFLOAT16_SPEED_NEEDED * float32 else "float32"
+        if self.bfloat16_gflops >= BFLOAT16_SPEED_NEEDED * float32:
+            return "bfloat16"
+        return "float16" if self.half_gflops >= HALF_SPEED_NEEDED * float32 else "float32"
 
 
 def _machine_key(hidden: int, intermediate: int) -> str:
@@ -124,7 +141,7 @@ def _cpu_name() -> str:
 
 def probe_precision(hidden: int, intermediate: int) -> PrecisionProbe:
     """Time the model's widest product (hidden -> intermediate) as a loaded model would run it:
-    float32 plain and packed, and bf16 packed where this CPU has the instructions, now."""
+    float32 plain and packed, float16 weights, and bf16 packed where this CPU has the instructions."""
 
     def gflops(dtype: str, packed: bool = False) -> float:
         return linear_flops_per_second(dtype, hidden, intermediate, packed=packed) / 1e9
@@ -133,6 +150,7 @@ def probe_precision(hidden: int, intermediate: int) -> PrecisionProbe:
         float32_gflops=gflops("float32"),
         packed_float32_gflops=gflops("float32", packed=True) if can_pack_linear_weights("float32") else 0.0,
         bfloat16_gflops=gflops("bfloat16", packed=True) if cpu_has_bfloat16_instructions() else 0.0,
+        half_gflops=gflops("float16") if can_hold_half_weights() else 0.0,
     )
 
 
@@ -158,7 +176,7 @@ def measured_precision(hidden: int, intermediate: int) -> PrecisionProbe | None:
 
 def _cached_probe(path: Path, key: str) -> PrecisionProbe | None:
     """The probe cached under ``key``; None where there is none, or one from another version or
-    edited by hand into something that is not three speeds (it is then measured again)."""
+    edited by hand into something that is not four speeds (it is then measured again)."""
     try:
         probe = PrecisionProbe(**read_json_cache(path)[key])
     except (KeyError, TypeError):
@@ -170,8 +188,9 @@ def _cached_probe(path: Path, key: str) -> PrecisionProbe | None:
 
 
 def cpu_auto_dtype(hidden: int, intermediate: int) -> str:
-    """``float32`` or ``bfloat16``: what is measured faster for a model of this shape on
-    this CPU (before memory has its say: :func:`ragidx.indexer.model.memory.fitting_dtype`)."""
+    """``float32``, ``float16`` (weights; float32 products) or ``bfloat16``: what is measured best
+    for a model of this shape on this CPU (before memory has its say:
+    :func:`ragidx.indexer.model.memory.auto_dtype`)."""
     probe = measured_precision(hidden, intermediate)
     return probe.chosen if probe else "float32"
 

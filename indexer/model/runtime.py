@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any, cast, overload
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.choices import DEVICES, DTYPES
 from ragidx.indexer.model.gguf import is_converted
-from ragidx.indexer.model.int8_weights import hold_int8_weights
-from ragidx.indexer.model.memory import LEANEST, check_fits, fitting_dtype, folder_parameters
+from ragidx.indexer.model.half_weights import can_hold_half_weights, hold_half
+from ragidx.indexer.model.held_weights import HELD_ON_CPU, hold_linear_weights
+from ragidx.indexer.model.int8_weights import hold_int8
+from ragidx.indexer.model.memory import LEANEST, auto_dtype, check_fits, folder_parameters
 from ragidx.indexer.model.packed_linear import pack_linear_weights
 from ragidx.indexer.model.precision import cpu_auto_dtype, packs_float32
 from ragidx.indexer.model.quiet import quiet_transformers
@@ -174,6 +176,7 @@ class ModelRuntime:
         folder: str | None = None,
         model_file: dict[str, Any] | None = None,
         precision: str | None = None,
+        precision_reason: str = "",
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -183,6 +186,7 @@ class ModelRuntime:
         self.model_file = model_file  # a GGUF model's path(s) and SHA-256, stored in the index
         # what the weights are held in, as --dtype names it (int8: int8 weights, float32 products)
         self.precision = precision or str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.precision_reason = precision_reason  # why --dtype auto gave way to memory ("" if it did not)
         self.arch = architecture_view(model)
         self.layers_run = 0
         self.layers_available = 0
@@ -207,10 +211,12 @@ class ModelRuntime:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype the model computes in (float32 for int8 weights)."""
+        """The dtype the model computes in (float32 where a CPU holds its weights in int8 or float16)."""
         import torch
 
-        return torch.float32 if self.precision == "int8" else next(self.model.parameters()).dtype
+        if self.precision in HELD_ON_CPU and self.device.type == "cpu":
+            return torch.float32
+        return next(self.model.parameters()).dtype
 
     @property
     def max_positions(self) -> int:
@@ -356,6 +362,17 @@ def _product_shape(config: Any) -> tuple[int, int]:
     return hidden, int(getattr(config, "intermediate_size", None) or 4 * hidden)
 
 
+def weight_holder(run_dtype: str, device: str) -> Callable[[nn.Linear], None] | None:
+    """How the linear layers hold their weights where they compute in float32 on leaner ones: int8
+    weights anywhere (a GPU takes them where bf16 would not fit), float16 ones on a CPU with fbgemm's
+    half-precision product (elsewhere, and on a GPU, float16 computes in float16)."""
+    if run_dtype == "int8":
+        return hold_int8
+    if run_dtype == "float16" and device == "cpu" and can_hold_half_weights():
+        return hold_half
+    return None
+
+
 def _packs_weights(run_dtype: str, device: str, config: Any) -> bool:
     """bf16 weights are packed on a CPU always (where oneDNN can), float32 ones where measured
     faster; int8 and 16-bit floats keep their own products."""
@@ -425,11 +442,13 @@ def load_runtime(
         raise unsupported_architecture(config.model_type)
     run_dtype = resolve_dtype(dtype, device, config)
     parameters = folder_parameters(Path(location)) if Path(location).is_dir() else None
+    reason = ""
     if parameters is not None:
         if dtype == "auto":
-            run_dtype = fitting_dtype(parameters, run_dtype, device, config)
+            run_dtype, reason = auto_dtype(parameters, run_dtype, device, config)
         check_fits(model, parameters, run_dtype, device, config)
     torch_dtype = torch.bfloat16 if run_dtype == "int8" else getattr(torch, run_dtype)
+    holder = weight_holder(run_dtype, device)
     try:
         tokenizer = load_tokenizer(location, trust_remote_code)
         network_model = AutoModel.from_pretrained(
@@ -445,12 +464,14 @@ def load_runtime(
         # Padding is always masked out, so any id will do; EOS is what decoders usually lack a pad for.
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     network_model.eval().requires_grad_(False)
-    if run_dtype == "int8":
-        hold_int8_weights(network_model)  # rounded where the weights were read, then moved
+    if holder is not None:
+        hold_linear_weights(network_model, holder)  # rounded or packed where the weights were read
     network_model.to(device)
     if _packs_weights(run_dtype, device, config):
         pack_linear_weights(network_model)
     local = location if Path(location).is_dir() else None
     model_file = source.gguf.record() if source.gguf else None
     revision = getattr(config, "_commit_hash", None)
-    return ModelRuntime(network_model, tokenizer, source.model_id, revision, local, model_file, run_dtype)
+    return ModelRuntime(
+        network_model, tokenizer, source.model_id, revision, local, model_file, run_dtype, reason
+    )

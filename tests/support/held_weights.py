@@ -1,0 +1,54 @@
+"""What the held-weight tests (int8 and float16 weights, float32 products) compare against: the
+same model in float32, its weights rounded by the tests' own hand, run by the same strategies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from transformers import AutoModel
+
+from ragidx.indexer.model.runtime import ModelRuntime
+from ragidx.indexer.strategies import REGISTRY, create_strategy
+
+# Token prepending's placeholder rows are set in the embedding's type, 16-bit here (float32 in the
+# reference): their rounding moves its vectors by up to 7e-4.
+PLACEHOLDER_ROUNDING = {"htp": 2e-3, "tp": 2e-3}
+TEXTS = ["Keep the compost heap damp and airy.", "Tides", "Turn the heap every week, so air gets in."]
+
+
+def rounded_model(
+    folder, loads_as: torch.dtype, round_linear: Callable[[torch.Tensor], torch.Tensor], kind=AutoModel
+) -> torch.nn.Module:
+    """The folder's model in float32 with every weight rounded as a held run rounds it: to the
+    16-bit type it loads in, then each linear layer's weight by ``round_linear``."""
+    model = kind.from_pretrained(folder, dtype=torch.float32).eval()
+    head = model.get_output_embeddings()
+    if head is not None:  # a head tied to the embedding is rounded on its own; the embedding is not
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    with torch.no_grad():
+        for module in model.modules():
+            for parameter in module.parameters(recurse=False):
+                parameter.copy_(parameter.to(loads_as).float())
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(round_linear(module.weight))
+    return model
+
+
+def decoder_strategies() -> list[str]:
+    return sorted(name for name, cls in REGISTRY.items() if cls.decoder_only)
+
+
+def assert_held_equals_reference(runtime: ModelRuntime, reference: torch.nn.Module, names: list[str]) -> None:
+    """Every named strategy gives the reference model's vectors; single texts go through a trace
+    that equals them too."""
+    held = ModelRuntime(reference, runtime.tokenizer, "reference")
+    for name in names:
+        got = create_strategy(name, runtime).encode(TEXTS, "document")
+        expected = create_strategy(name, held).encode(TEXTS, "document")
+        np.testing.assert_allclose(got, expected, atol=PLACEHOLDER_ROUNDING.get(name, 2e-5), err_msg=name)
+    strategy = create_strategy("aligned-wva", runtime)
+    singles = np.stack([strategy.encode([text], "query")[0] for text in TEXTS])
+    assert strategy.one_row.trace is not None
+    np.testing.assert_allclose(singles, strategy.encode(TEXTS, "query"), atol=2e-5)
