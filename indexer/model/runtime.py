@@ -373,6 +373,19 @@ def weight_holder(run_dtype: str, device: str) -> Callable[[nn.Linear], None] | 
     return None
 
 
+def _load_dtype(run_dtype: str, holder: Callable[[nn.Linear], None] | None, config: Any) -> torch.dtype:
+    """The dtype transformers loads the weights in. Held weights are rounded or packed from a 16-bit
+    load a layer at a time: int8 from bf16; float16 from the checkpoint's own bf16 where it is
+    stored so (a converted GGUF's cache: read in place, every value a float16 one), else float16.
+    A load converted whole would hold every weight a second time until the last layer is held
+    (a 1B model's float16 run peaked at 4.6 GB, not 2.4)."""
+    import torch
+
+    if run_dtype == "int8" or (holder is hold_half and getattr(config, "dtype", None) == torch.bfloat16):
+        return torch.bfloat16
+    return getattr(torch, run_dtype)
+
+
 def _packs_weights(run_dtype: str, device: str, config: Any) -> bool:
     """bf16 weights are packed on a CPU always (where oneDNN can), float32 ones where measured
     faster; int8 and 16-bit floats keep their own products."""
@@ -427,7 +440,6 @@ def load_runtime(
     in the dtype the run uses (a 16-bit cache is upcast at load for float32; for int8, loaded 16-bit
     and rounded a layer at a time), after checking that it fits (:mod:`ragidx.indexer.model.memory`:
     ``auto`` falls back to a leaner dtype that fits rather than refusing)."""
-    import torch
     from transformers import AutoModel
 
     source = model if isinstance(model, ModelSource) else resolve_model(model)
@@ -447,8 +459,8 @@ def load_runtime(
         if dtype == "auto":
             run_dtype, reason = auto_dtype(parameters, run_dtype, device, config)
         check_fits(model, parameters, run_dtype, device, config)
-    torch_dtype = torch.bfloat16 if run_dtype == "int8" else getattr(torch, run_dtype)
     holder = weight_holder(run_dtype, device)
+    torch_dtype = _load_dtype(run_dtype, holder, config)
     try:
         tokenizer = load_tokenizer(location, trust_remote_code)
         network_model = AutoModel.from_pretrained(

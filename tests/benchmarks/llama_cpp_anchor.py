@@ -2,7 +2,8 @@
 the other in one sitting: the anchor for ragidx's CPU speed (issue 49).
 
 Usage: python -m tests.benchmarks.llama_cpp_anchor [--model smollm2 | FILE.gguf] [--passages 16]
-       [--words 200] [--threads 2] [--rounds 2] [--dtype auto]
+       [--words 200] [--threads 2] [--rounds 2] [--dtype auto[,float32,...]] [--queries 20]
+       [--no-llama-cpp] [--strategy mean]
 
 The passages are ragidx's sample corpus cut into ``--words``-word pieces. ragidx embeds them with
 ``Embedder(model, "mean")`` in the document role; llama.cpp (the ``xllamacpp`` wheel: prebuilt,
@@ -11,6 +12,9 @@ one passage first (loading, tracing), then the passages ``--rounds`` times, the 
 alternating; the best round of each is printed with tokens/s (the model's tokens, as ragidx
 counts them), their ratio, and the mean cosine between the two sides' vectors, which says whether
 both computed the same thing (ragidx's template and llama.cpp's BOS handling may differ a little).
+Several ``--dtype``s are compared in the same sitting (each ratio and cosine is to the first side),
+and ``--queries N`` adds each dtype's median one-text query time; ``--strategy`` with
+``--no-llama-cpp`` compares the dtypes' vectors for another strategy.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +74,16 @@ def seconds(embed: Callable[[list[str]], np.ndarray], texts: list[str]) -> tuple
     return time.perf_counter() - started, vectors
 
 
+def query_p50(embedder: Any, texts: list[str], count: int) -> float:
+    """Median seconds of a one-text query (a passage's first eight words), after two warm-ups that
+    record the one-row trace."""
+    queries = [" ".join(text.split()[i : i + 8]) for text in texts for i in (0, 40, 80)][: count + 2]
+    for query in queries[:2]:
+        embedder.embed([query], "query")
+    times = [seconds(partial(embedder.embed, role="query"), [query])[0] for query in queries[2:]]
+    return float(np.median(times))
+
+
 def main() -> None:
     import torch
 
@@ -79,18 +95,26 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="auto", help="ragidx dtypes to compare, comma-separated")
+    parser.add_argument("--queries", type=int, default=0, help="also time this many one-text queries")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="compare ragidx's dtypes only")
+    parser.add_argument("--strategy", default="mean", help="ragidx's (llama.cpp pools the mean)")
     arguments = parser.parse_args()
 
     texts = passages(arguments.passages, arguments.words)
-    path = gguf_path(arguments.model)
     torch.set_num_threads(arguments.threads)
-    embedder = Embedder(path, "mean", dtype=arguments.dtype)
-    tokens = sum(len(embedder.strategy.token_ids(text, "document")) for text in texts)
-    sides: dict[str, Callable[[list[str]], np.ndarray]] = {
-        "ragidx": lambda batch: embedder.embed(batch, "document"),
-        "llama.cpp": llama_cpp(path, arguments.threads),
+    embedders = {
+        dtype: Embedder(arguments.model, arguments.strategy, dtype=dtype)
+        for dtype in arguments.dtype.split(",")
     }
+    first = next(iter(embedders.values()))
+    tokens = sum(len(first.strategy.token_ids(text, "document")) for text in texts)
+    sides: dict[str, Callable[[list[str]], np.ndarray]] = {
+        f"ragidx {dtype} ({embedder.strategy.runtime.precision})": partial(embed_documents, embedder)
+        for dtype, embedder in embedders.items()
+    }
+    if not arguments.no_llama_cpp:
+        sides["llama.cpp"] = llama_cpp(gguf_path(arguments.model), arguments.threads)
     best: dict[str, float] = {}
     vectors: dict[str, np.ndarray] = {}
     for embed in sides.values():
@@ -99,14 +123,21 @@ def main() -> None:
         for name, embed in sides.items():
             took, vectors[name] = seconds(embed, texts)
             best[name] = min(best.get(name, took), took)
-    print(
-        f"{Path(path).name}, {len(texts)} passages of {arguments.words} words, {tokens} tokens, "
-        f"{arguments.threads} threads, ragidx dtype {embedder.strategy.runtime.precision}"
-    )
+    shape = f"{len(texts)} passages of {arguments.words} words, {tokens} tokens"
+    print(f"{Path(arguments.model).name}, {shape}, {arguments.threads} threads")
+    names = list(sides)
     for name, took in best.items():
-        print(f"{name:>9}: {took:6.2f} s  ({tokens / took:7.1f} tokens/s)")
-    cosine = float(np.mean(np.sum(vectors["ragidx"] * vectors["llama.cpp"], axis=1)))
-    print(f"llama.cpp time / ragidx time: {best['llama.cpp'] / best['ragidx']:.2f}; mean cosine {cosine:.4f}")
+        versus = f", {took / best[names[0]]:.2f}x the first's time" if name != names[0] else ""
+        cosine = np.sum(vectors[name] * vectors[names[0]], axis=1)
+        speed = f"{took:6.2f} s ({tokens / took:7.1f} tokens/s){versus}"
+        print(f"{name:>28}: {speed}; cosine to the first: min {cosine.min():.6f}")
+    for dtype, embedder in embedders.items() if arguments.queries else ():
+        p50 = 1000 * query_p50(embedder, texts, arguments.queries)
+        print(f"{'ragidx ' + dtype:>28}: one-text query p50 {p50:.1f} ms")
+
+
+def embed_documents(embedder: Any, texts: list[str]) -> np.ndarray:
+    return embedder.embed(texts, "document")
 
 
 if __name__ == "__main__":
