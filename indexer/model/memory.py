@@ -34,7 +34,7 @@ DISK_MARGIN = 1.05  # the converted copy: 16-bit weights, plus config, tokenizer
 # where more would fit: a daemon holds them through its idle time, beside everything else the
 # machine runs. It takes the leanest dtype that does (float16, then int8) where the measured one
 # does not: a 1B model's float32 weights (4.3 GB) are over a sixth of a 16 GB laptop, its float16
-# ones (2.2 GB) are not (docs/precision.md#how-auto-chooses).
+# ones (2.1 GB) are not (docs/precision.md#how-auto-chooses).
 HELD_SHARE = 1 / 6
 
 
