@@ -12,9 +12,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-# The dtypes a CPU run holds its linear weights in while computing in float32.
-HELD_ON_CPU = ("int8", "float16")
-
 
 def _float32_rows(embedding: nn.Embedding) -> None:
     """Let a 16-bit embedding matrix give float32 rows, scaled in float32 where the family scales

@@ -10,7 +10,7 @@ oneDNN's packed float32 weights beat torch's product and whether float16 weights
 widened inside fbgemm's kernel) keep up with them in a build: where they do they are taken, as a
 query, which only streams weights, runs faster on half the bytes. int8 weights
 (:mod:`ragidx.indexer.model.int8_weights`) are never chosen for speed: they compute in float32
-after an upcast of every weight, so they are at best as fast in a build and 1.4-2.2x slower for a
+after an upcast of every weight, so they are at best as fast in a build and 1.4-2.5x slower for a
 query (measured on an AVX2-only CPU); memory alone picks them
 (:func:`ragidx.indexer.model.memory.auto_dtype`).
 """

@@ -19,7 +19,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.choices import DEVICES, DTYPES
 from ragidx.indexer.model.gguf import is_converted
 from ragidx.indexer.model.half_weights import can_hold_half_weights, hold_half
-from ragidx.indexer.model.held_weights import HELD_ON_CPU, hold_linear_weights
+from ragidx.indexer.model.held_weights import hold_linear_weights
 from ragidx.indexer.model.int8_weights import hold_int8
 from ragidx.indexer.model.memory import LEANEST, auto_dtype, check_fits, folder_parameters
 from ragidx.indexer.model.packed_linear import pack_linear_weights
@@ -211,10 +211,10 @@ class ModelRuntime:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype the model computes in (float32 where a CPU holds its weights in int8 or float16)."""
+        """The dtype the model computes in (float32 where the weights are held int8, or float16 on a CPU)."""
         import torch
 
-        if self.precision in HELD_ON_CPU and self.device.type == "cpu":
+        if weight_holder(self.precision, self.device.type) is not None:
             return torch.float32
         return next(self.model.parameters()).dtype
 
@@ -378,7 +378,7 @@ def _load_dtype(run_dtype: str, holder: Callable[[nn.Linear], None] | None, conf
     load a layer at a time: int8 from bf16; float16 from the checkpoint's own bf16 where it is
     stored so (a converted GGUF's cache: read in place, every value a float16 one), else float16.
     A load converted whole would hold every weight a second time until the last layer is held
-    (a 1B model's float16 run peaked at 4.6 GB, not 2.4)."""
+    (a 1B model's float16 run peaked at 4.6 GB, not 2.9)."""
     import torch
 
     if run_dtype == "int8" or (holder is hold_half and getattr(config, "dtype", None) == torch.bfloat16):
