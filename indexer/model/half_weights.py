@@ -41,6 +41,7 @@ def _traceable_product() -> Any:
     return torch._C._create_function_from_graph("half_linear", torch._C.parse_ir(TRACEABLE_PRODUCT_IR))
 
 
+@functools.cache
 def can_hold_half_weights() -> bool:
     """Whether this torch has fbgemm's float16-weight product (x86 builds do)."""
     import torch
