@@ -17,7 +17,12 @@ from ragidx.cli import cli
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model import int8_weights, memory, precision
 from ragidx.indexer.model.runtime import load_runtime, resolve_dtype
-from tests.support.held_weights import assert_held_equals_reference, decoder_strategies, rounded_model
+from tests.support.held_weights import (
+    ONE_PER_MECHANISM,
+    assert_held_equals_reference,
+    decoder_strategies,
+    rounded_model,
+)
 
 
 def rounded_by_hand(weight: torch.Tensor, group: int = int8_weights.GROUP) -> torch.Tensor:
@@ -85,7 +90,7 @@ def test_an_int8_model_computes_what_float32_computes_with_the_same_rounded_weig
     embedding = runtime.model.get_input_embeddings().weight
     assert embedding.dtype == torch.bfloat16
     assert {p.dtype for p in runtime.model.parameters() if p is not embedding} == {torch.float32}
-    names = decoder_strategies() if arch == "llama" else ["mean", "aligned-wva", "kv-embedding", "htp", "cp"]
+    names = decoder_strategies() if arch == "llama" else ONE_PER_MECHANISM
     assert_held_equals_reference(runtime, fake_int8_model(folder), names)
 
 
