@@ -11,7 +11,12 @@ from transformers import AutoModelForCausalLM
 
 from ragidx.indexer.model import half_weights
 from ragidx.indexer.model.runtime import load_runtime
-from tests.support.held_weights import ONE_PER_MECHANISM, assert_held_equals_reference, rounded_model
+from tests.support.held_weights import (
+    ONE_PER_MECHANISM,
+    assert_held_equals_reference,
+    assert_held_layout,
+    rounded_model,
+)
 
 pytestmark = pytest.mark.skipif(
     not half_weights.can_hold_half_weights(), reason="this torch lacks fbgemm (not an x86 build)"
@@ -50,12 +55,7 @@ def test_a_gguf_caches_bf16_weights_are_held_exactly():
 def test_a_float16_model_on_a_cpu_computes_what_float32_computes_with_float16_weights(tiny_models, arch):
     folder = str(tiny_models[arch])
     runtime = load_runtime(folder, device="cpu", dtype="float16")
-    assert runtime.precision == "float16" and runtime.dtype == torch.float32
-    linears = [module for module in runtime.model.modules() if isinstance(module, torch.nn.Linear)]
-    assert linears and all(module.weight is None and hasattr(module, "half_weight") for module in linears)
-    embedding = runtime.model.get_input_embeddings().weight
-    assert embedding.dtype == torch.float16
-    assert {p.dtype for p in runtime.model.parameters() if p is not embedding} == {torch.float32}
+    assert_held_layout(runtime, "float16", "half_weight", torch.float16)
     # one strategy per mechanism: every strategy's hooks over held weights are the int8 test's
     assert_held_equals_reference(runtime, rounded_model(folder, torch.float16, to_half), ONE_PER_MECHANISM)
 

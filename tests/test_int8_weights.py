@@ -20,6 +20,7 @@ from ragidx.indexer.model.runtime import load_runtime, resolve_dtype
 from tests.support.held_weights import (
     ONE_PER_MECHANISM,
     assert_held_equals_reference,
+    assert_held_layout,
     decoder_strategies,
     rounded_model,
 )
@@ -84,12 +85,7 @@ def test_an_int8_model_computes_what_float32_computes_with_the_same_rounded_weig
     a trace that equals them too."""
     folder = str(tiny_models[arch])
     runtime = load_runtime(folder, device="cpu", dtype="int8")
-    assert runtime.precision == "int8" and runtime.dtype == torch.float32
-    linears = [module for module in runtime.model.modules() if isinstance(module, torch.nn.Linear)]
-    assert linears and all(module.weight is None and hasattr(module, "int8_weight") for module in linears)
-    embedding = runtime.model.get_input_embeddings().weight
-    assert embedding.dtype == torch.bfloat16
-    assert {p.dtype for p in runtime.model.parameters() if p is not embedding} == {torch.float32}
+    assert_held_layout(runtime, "int8", "int8_weight", torch.bfloat16)
     names = decoder_strategies() if arch == "llama" else ONE_PER_MECHANISM
     assert_held_equals_reference(runtime, fake_int8_model(folder), names)
 

@@ -42,6 +42,19 @@ def decoder_strategies() -> list[str]:
     return sorted(name for name, cls in REGISTRY.items() if cls.decoder_only)
 
 
+def assert_held_layout(
+    runtime: ModelRuntime, precision: str, held: str, embedding_dtype: torch.dtype
+) -> None:
+    """Every linear layer holds its weight as ``held`` (no float weight left), the embedding stays
+    16-bit, everything else is float32, and the runtime says it computes in float32."""
+    assert runtime.precision == precision and runtime.dtype == torch.float32
+    linears = [module for module in runtime.model.modules() if isinstance(module, torch.nn.Linear)]
+    assert linears and all(module.weight is None and hasattr(module, held) for module in linears)
+    matrix = runtime.model.get_input_embeddings().weight
+    assert matrix.dtype == embedding_dtype
+    assert {p.dtype for p in runtime.model.parameters() if p is not matrix} == {torch.float32}
+
+
 def assert_held_equals_reference(runtime: ModelRuntime, reference: torch.nn.Module, names: list[str]) -> None:
     """Every named strategy gives the reference model's vectors; single texts go through a trace
     that equals them too."""
