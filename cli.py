@@ -632,6 +632,7 @@ def serve(
     except ImportError as error:
         raise _missing_extra("serve", "server", error) from None
     from ragidx.app.scheduler import Scheduler
+    from ragidx.indexer.strategies.traced_readout import settle
 
     if token_file is not None:
         token = _read_token(token_file, token)
@@ -652,13 +653,14 @@ def serve(
         if model:
             options = {"device": device, "dtype": dtype or "auto", "trust_remote_code": trust_remote_code}
             served = scheduler.run(job, api.Embedder, model, strategy, **options)
+            scheduler.run(job, settle, served.strategy)
             what = f"{served.model} ({served.strategy.name}) embeddings"
         else:
             served = api.Index.open(
                 index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code
             )
-            if served.meta.get("dense", True):  # loaded once, before the first request that needs it
-                scheduler.run(job, lambda: served.strategy)
+            if served.meta.get("dense", True):  # loaded and settled before the first request needs it
+                scheduler.run(job, lambda: settle(served.strategy))
             what = str(served.reader.directory)
     address = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     guarded = f"; requests need the bearer token (the search page: {address}#token=TOKEN)" if token else ""

@@ -45,6 +45,7 @@ from ragidx.app.retriever import Index
 from ragidx.app.scheduler import Busy, Scheduler
 from ragidx.app.served_index import ServedIndex
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.strategies.traced_readout import SETTLING_CALLS, SETTLING_TEXT
 
 MAX_INDEXES = 2  # each holds its model in memory
 MAX_REQUEST_BYTES = 16 * 2**20
@@ -55,13 +56,10 @@ PULSE_SECONDS = 1.0  # a waiting client hears from the daemon this often
 WAKE_SECONDS = 0.1  # the main loop looks at the idle time, its socket, a stop and warm-up work this often
 WATCH_SECONDS = 0.25  # a client that went away is noticed within this
 STOP_SECONDS = 30.0  # a stopping daemon waits this long for the request in flight
-# After an index's first query, while no request waits, this many one-text embeddings settle its
-# traced readout: the trace records at the second one-row readout and TorchScript's executor
-# profiles and optimises over the next two replays (each slower than a settled one), so these
-# happen between the user's queries rather than in them. Only for an index whose searches embed
-# their query: one that searches by keywords alone never loads its model.
-WARM_UP_CALLS = 3
-WARM_UP_TEXT = "what does this index hold about the subject"
+# After an index's first query, while no request waits, its traced readout is settled one call at a
+# time (traced_readout.SETTLING_CALLS), so these calls happen between the user's queries rather than
+# in them. Only for an index whose searches embed their query: one that searches by keywords alone
+# never loads its model.
 
 IndexKey = tuple[str, str, str | None]  # folder, device, dtype
 
@@ -180,7 +178,7 @@ class Daemon:
                 answer = dispatch(served, request, job, event)
             with self.warming:
                 if key not in self.warm:
-                    self.cold.setdefault(key, WARM_UP_CALLS)
+                    self.cold.setdefault(key, SETTLING_CALLS)
             return answer
         except Busy as error:
             return {"error": str(error), "retry_after": error.retry_after}
@@ -241,7 +239,7 @@ class Daemon:
                     if not served.traces_queries(job):
                         self._warmed(key)
                         continue
-                    served.embed([WARM_UP_TEXT], "query", job)
+                    served.embed([SETTLING_TEXT], "query", job)
             except Exception as error:  # the index went away, say: the next request says so
                 _log(f"warming {key[0]} up failed ({type(error).__name__}: {error})")
                 self._warmed(key)

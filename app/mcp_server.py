@@ -65,13 +65,14 @@ class IndexServer(MCPServer):
         self.served = ServedIndex(index, self.scheduler)
 
     def load_model(self) -> None:
-        """Start loading the index's model ahead of the first search that needs it (that search
-        waits for it, a keyword search does not); a failure is reported by that search."""
+        """Start loading the index's model, and settling its traced query readout, ahead of the
+        first search that needs it (that search waits for it, a keyword search does not); a
+        failure is reported by that search."""
 
         def load() -> None:
             with contextlib.suppress(RagidxError), self.scheduler.job(CLIENT, "load") as job:
                 if self.served.embeds_queries():
-                    self.served.load(job)
+                    self.served.settle(job)
 
         threading.Thread(target=load, name="ragidx-mcp-load", daemon=True).start()
 

@@ -27,6 +27,7 @@ from ragidx.indexer.model.runtime import model_tokenizer
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS, Context
 from ragidx.indexer.search.hits import Hit
 from ragidx.indexer.search.options import SearchOptions
+from ragidx.indexer.strategies.traced_readout import settle
 
 if TYPE_CHECKING:
     from ragidx.indexer.roles import Role
@@ -86,9 +87,10 @@ class ServedIndex:
         """Whether the strategy replays a traced readout for one query (loading the model)."""
         return bool(self.scheduler.run(job, lambda: self.index.strategy.one_row is not None))
 
-    def load(self, job: Job) -> None:
-        """Load the index's model now (it is otherwise loaded by the first work that needs it)."""
-        self.scheduler.run(job, lambda: self.index.strategy)
+    def settle(self, job: Job) -> None:
+        """Load the index's model now (it is otherwise loaded by the first work that needs it) and
+        settle its traced query readout (:func:`~ragidx.indexer.strategies.traced_readout.settle`)."""
+        self.scheduler.run(job, lambda: settle(self.index.strategy))
 
     def search(self, query: str, options: SearchOptions, job: Job) -> list[Hit]:
         """The search's hits: at once where it reads no vectors, else with its query embedded on

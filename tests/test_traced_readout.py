@@ -13,7 +13,7 @@ import torch
 
 from ragidx.indexer.model.runtime import Batch, load_runtime
 from ragidx.indexer.strategies import create_strategy, strategy_class
-from ragidx.indexer.strategies.traced_readout import TracedReadout, longest_traceable
+from ragidx.indexer.strategies.traced_readout import SETTLING_CALLS, TracedReadout, longest_traceable, settle
 from tests.support.model_checks import eager_vector
 
 TEXTS = [
@@ -152,3 +152,17 @@ def test_a_one_token_row_is_never_traced_so_longer_rows_replay_correctly(runtime
     for batch in (one, one, longer, longer):
         torch.testing.assert_close(readout(batch), strategy.readout(batch, ()), rtol=0, atol=0)
     assert readout.trace is not None and readout.calls == 2  # traced on the longer row, replayed once
+
+
+def test_settling_records_the_trace_a_servers_first_query_then_replays(runtimes):
+    """`serve`, `mcp` and the daemon settle an index's readout before users' queries need it: the
+    first user query is already a replay, equal to the eager readout; a strategy without a traced
+    readout (htp) is left alone."""
+    strategy = create_strategy("mean", runtimes["llama"])
+    settle(strategy)
+    assert strategy.one_row.trace is not None and strategy.one_row.calls == SETTLING_CALLS
+    np.testing.assert_array_equal(strategy.encode([TEXTS[3]], "query")[0], eager_vector(strategy, TEXTS[3]))
+    assert strategy.one_row.calls == SETTLING_CALLS + 1
+    untraced = create_strategy("htp", runtimes["llama"])
+    settle(untraced)
+    assert untraced.one_row is None
