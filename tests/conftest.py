@@ -28,13 +28,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Calibrations go to a temporary cache, never the user's, and start empty in every run; no
+    """Calibrations go to a temporary cache, never the user's, and start empty in every run (but a
+    GGUF model is converted once for all workers: ragidx's lock makes the second wait for it); no
     command starts a daemon (tests/test_daemon.py starts its own, in a private folder); a query
     runs on torch's own thread count, not the cores idle at that moment (tests/test_threads.py
     tests that), so its vector is the same bit for bit however busy the machine is."""
     import torch
 
     folder = tmp_path_factory.mktemp("cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers share this run's folder above their own
+        converted = tmp_path_factory.getbasetemp().parent / "converted-models"
+        converted.mkdir(exist_ok=True)
+        (folder / "models").symlink_to(converted)
     os.environ["RAGIDX_CACHE_DIR"] = str(folder)
     os.environ["RAGIDX_NO_DAEMON"] = "1"  # commands answer in their own process unless a test says
     os.environ["RAGIDX_QUERY_THREADS"] = str(torch.get_num_threads())

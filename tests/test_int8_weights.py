@@ -18,12 +18,12 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model import int8_weights, memory, precision
 from ragidx.indexer.model.runtime import load_runtime, resolve_dtype
 from tests.support.held_weights import (
-    ONE_PER_MECHANISM,
     assert_held_equals_reference,
     assert_held_layout,
     decoder_strategies,
     rounded_model,
 )
+from tests.support.model_checks import ONE_PER_MECHANISM
 
 
 def rounded_by_hand(weight: torch.Tensor, group: int = int8_weights.GROUP) -> torch.Tensor:

@@ -16,8 +16,6 @@ from ragidx.indexer.strategies import REGISTRY, create_strategy
 # reference): their rounding moves its vectors by up to 7e-4.
 PLACEHOLDER_ROUNDING = {"htp": 2e-3, "tp": 2e-3}
 TEXTS = ["Keep the compost heap damp and airy.", "Tides", "Turn the heap every week, so air gets in."]
-# Whole-forward pooling, value hooks with early exit, re-routed attention, placeholders, two passes.
-ONE_PER_MECHANISM = ["mean", "aligned-wva", "kv-embedding", "htp", "cp"]
 
 
 def rounded_model(

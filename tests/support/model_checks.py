@@ -15,6 +15,9 @@ from ragidx.indexer.strategies.base import l2_normalise
 if TYPE_CHECKING:
     from ragidx.indexer.model.sources import ModelSource
 
+# One strategy per mechanism: whole-forward pooling, value hooks with early exit, re-routed attention,
+# placeholders, two passes. Where a check is per model rather than per strategy, these stand for all.
+ONE_PER_MECHANISM = ["mean", "aligned-wva", "kv-embedding", "htp", "cp"]
 
 # Texts whose tokens two tokenizers must agree on: prose, digits, odd whitespace and scripts, look-alike
 # special tokens, and one longer than most models' context.
