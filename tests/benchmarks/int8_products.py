@@ -8,8 +8,11 @@ A scheme is comma-separated ``key=value``: ``group`` (activations and weights sh
 int8 scale per this many inputs; 0: a scale per token and per weight row, what fbgemm's product
 takes), ``alpha`` (SmoothQuant's migration strength; per-input scales from the largest activations
 seen on eight sample-corpus passages; absent: none), ``float`` (layers whose name contains any of
-these ``+``-separated words keep float32 products, e.g. ``down_proj``), ``weights=0`` or
-``activations=0`` (leave that side unrounded). The texts are the first 24 STS-B dev pairs' 48
+these ``+``-separated words keep float32 products, e.g. ``down_proj``), ``threshold`` (a layer
+whose own output, rounded, is further than this from its float32 output, relative to its norm,
+on the calibration passages, keeps float32 products: the per-layer choice), ``weights=0`` or
+``activations=0`` (leave that side unrounded). Printed first: each kind of layer's relative
+errors. The texts are the first 24 STS-B dev pairs' 48
 sentences and 8 sample-corpus passages of 200 words; printed per strategy: the smallest and mean
 cosine to float32. Weights are those the GGUF cache holds, in float32 and unpacked.
 """
@@ -33,6 +36,7 @@ class Scheme:
     group: int = 0
     alpha: float | None = None
     float_layers: tuple[str, ...] = ()
+    threshold: float | None = None
     weights: bool = True
     activations: bool = True
 
@@ -43,6 +47,7 @@ class Scheme:
             group=int(given.get("group", 0)),
             alpha=float(given["alpha"]) if "alpha" in given else None,
             float_layers=tuple(word for word in given.get("float", "").split("+") if word),
+            threshold=float(given["threshold"]) if "threshold" in given else None,
             weights=given.get("weights", "1") != "0",
             activations=given.get("activations", "1") != "0",
         )
@@ -57,24 +62,80 @@ def rounded(values: torch.Tensor, group: int) -> torch.Tensor:
     return (torch.round(grouped / scale).clamp(-127, 127) * scale).reshape(values.shape)
 
 
-def simulate(model: torch.nn.Module, scheme: Scheme, largest: dict[str, torch.Tensor]) -> None:
-    """Give every linear layer of ``model`` the scheme's rounded product (its own forward kept)."""
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or any(word in name for word in scheme.float_layers):
+def rounded_weight(
+    module: torch.nn.Linear, name: str, scheme: Scheme, largest: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``module``'s weight as the scheme holds it, and the per-input divisor of its inputs."""
+    weight = module.weight.detach()
+    smooth = torch.ones(weight.shape[1])
+    if scheme.alpha is not None:
+        seen = largest[name].clamp_min(1e-5) ** scheme.alpha
+        smooth = seen / weight.abs().amax(0).clamp_min(1e-5) ** (1 - scheme.alpha)
+    return (rounded(weight * smooth, scheme.group) if scheme.weights else weight * smooth), smooth
+
+
+def rounded_product(inputs: torch.Tensor, held: torch.Tensor, smooth: torch.Tensor, scheme: Scheme):
+    scaled = inputs / smooth
+    return (rounded(scaled, scheme.group) if scheme.activations else scaled) @ held.T
+
+
+def linear_layers(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    return {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+
+
+def simulate(model: torch.nn.Module, scheme: Scheme, largest, errors: dict[str, float]) -> float:
+    """Give the scheme's linear layers its rounded product (their own forward kept); the share of
+    the model's linear weights (so of a token's multiply-adds) that got it."""
+    rounded_size = total_size = 0
+    for name, module in linear_layers(model).items():
+        total_size += module.weight.numel()
+        if any(word in name for word in scheme.float_layers):
             continue
-        weight = module.weight.detach()
-        smooth = torch.ones(weight.shape[1])
-        if scheme.alpha is not None:
-            seen = largest[name].clamp_min(1e-5) ** scheme.alpha
-            smooth = seen / weight.abs().amax(0).clamp_min(1e-5) ** (1 - scheme.alpha)
-        held = rounded(weight * smooth, scheme.group) if scheme.weights else weight * smooth
+        if scheme.threshold is not None and errors[name] > scheme.threshold:
+            continue
+        rounded_size += module.weight.numel()
+        held, smooth = rounded_weight(module, name, scheme, largest)
 
         def forward(self, inputs, held=held, smooth=smooth):
-            scaled = inputs / smooth
-            output = (rounded(scaled, scheme.group) if scheme.activations else scaled) @ held.T
+            output = rounded_product(inputs, held, smooth, scheme)
             return output if self.bias is None else output + self.bias
 
         module.forward = types.MethodType(forward, module)
+    return rounded_size / total_size
+
+
+def layer_errors(runtime, strategy, texts, scheme: Scheme, largest) -> dict[str, float]:
+    """Each linear layer's relative error ||rounded - float32|| / ||float32|| over its own inputs
+    while ``strategy`` embeds ``texts`` (every layer in float32, so errors do not compound)."""
+    sums: dict[str, list[float]] = {}
+
+    def measure(name: str):
+        def hook(module, arguments, output):
+            held, smooth = rounded_weight(module, name, scheme, largest)
+            exact = arguments[0] @ module.weight.T
+            difference = rounded_product(arguments[0], held, smooth, scheme) - exact
+            seen = sums.setdefault(name, [0.0, 0.0])
+            seen[0] += float(difference.square().sum())
+            seen[1] += float(exact.square().sum())
+
+        return hook
+
+    hooks = [module.register_forward_hook(measure(n)) for n, module in linear_layers(runtime.model).items()]
+    with torch.no_grad():
+        strategy.encode(texts, "document")
+    for hook in hooks:
+        hook.remove()
+    return {name: (error / norm) ** 0.5 for name, (error, norm) in sums.items()}
+
+
+def show_errors(errors: dict[str, float]) -> None:
+    """Each kind of layer (``q_proj`` ...): its errors' median and largest, and the worst layer."""
+    kinds: dict[str, list[tuple[float, str]]] = {}
+    for name, error in errors.items():
+        kinds.setdefault(name.rsplit(".", 1)[-1], []).append((error, name))
+    for kind, seen in kinds.items():
+        seen.sort()
+        print(f"  {kind}: median {seen[len(seen) // 2][0]:.4f}, largest {seen[-1][0]:.4f} ({seen[-1][1]})")
 
 
 def restore(model: torch.nn.Module) -> None:
@@ -121,16 +182,21 @@ def main() -> None:
     runtime = runtime_module.load_runtime(gguf_path(arguments.model), device="cpu", dtype="float32")
     strategies = {name: create_strategy(name, runtime) for name in arguments.strategies.split(",")}
     reference = {name: strategy.encode(texts, "document") for name, strategy in strategies.items()}
-    largest = largest_activations(runtime, next(iter(strategies.values())), passages(16, 200)[8:])
+    calibration = passages(16, 200)[8:]  # not among the texts compared
+    largest = largest_activations(runtime, next(iter(strategies.values())), calibration)
     for text in arguments.scheme:
-        simulate(runtime.model, Scheme.parse(text), largest)
+        scheme = Scheme.parse(text)
+        errors = layer_errors(runtime, next(iter(strategies.values())), calibration, scheme, largest)
+        print(f"{text}: each layer's relative error", flush=True)
+        show_errors(errors)
+        share = simulate(runtime.model, scheme, largest, errors)
         cosines = {
             name: np.sum(strategy.encode(texts, "document") * reference[name], axis=1)
             for name, strategy in strategies.items()
         }
         restore(runtime.model)
         shown = "; ".join(f"{name} min {c.min():.4f} mean {c.mean():.5f}" for name, c in cosines.items())
-        print(f"{text}: {shown}", flush=True)
+        print(f"{text} ({share:.0%} of the weights int8): {shown}", flush=True)
 
 
 if __name__ == "__main__":
