@@ -628,11 +628,17 @@ def serve(
     listen beyond it, give --host and a --token that every request must carry.
     """
     try:
-        from ragidx.app.server import create_app, is_loopback, listening_socket, loopback_hosts, run
+        from ragidx.app.server import (
+            create_app,
+            is_loopback,
+            listening_socket,
+            load_and_settle,
+            loopback_hosts,
+            run,
+        )
     except ImportError as error:
         raise _missing_extra("serve", "server", error) from None
     from ragidx.app.scheduler import Scheduler
-    from ragidx.indexer.strategies.traced_readout import settle
 
     if token_file is not None:
         token = _read_token(token_file, token)
@@ -653,14 +659,14 @@ def serve(
         if model:
             options = {"device": device, "dtype": dtype or "auto", "trust_remote_code": trust_remote_code}
             served = scheduler.run(job, api.Embedder, model, strategy, **options)
-            scheduler.run(job, settle, served.strategy)
+            scheduler.run(job, load_and_settle, served)
             what = f"{served.model} ({served.strategy.name}) embeddings"
         else:
             served = api.Index.open(
                 index_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code
             )
             if served.meta.get("dense", True):  # loaded and settled before the first request needs it
-                scheduler.run(job, lambda: settle(served.strategy))
+                scheduler.run(job, load_and_settle, served)
             what = str(served.reader.directory)
     address = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     guarded = f"; requests need the bearer token (the search page: {address}#token=TOKEN)" if token else ""

@@ -54,6 +54,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import model_tokenizer
 from ragidx.indexer.roles import Role
 from ragidx.indexer.strategies.base import TEXT_SLOT, render
+from ragidx.indexer.strategies.traced_readout import settle
 
 MAX_BODY_BYTES = 1_000_000  # default bound on a request body (`ragidx serve --max-body-bytes`)
 ASK_FIELDS = ("max_tokens", "max_new_tokens", "closed_book")  # what an /ask body says besides the search
@@ -199,6 +200,12 @@ class ServedModel:
             return self.served.info()
         strategy = self.served.strategy
         return {"model": self.served.model, "strategy": strategy.name, "dimension": strategy.dimension}
+
+
+def load_and_settle(served: Index | Embedder) -> None:
+    """Load ``served``'s model and settle its traced query readout (on the scheduler's thread),
+    before the server takes requests: none of them then pays the trace's recording (~2 s)."""
+    settle(served.strategy)
 
 
 def create_app(
