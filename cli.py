@@ -118,6 +118,10 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
         f"{counted(report.total_documents, 'document')}, {counted(report.total_chunks, 'chunk')}"
     )
     click.echo(f"vectors: {report.vectors_description}")
+    if report.languages:
+        click.echo("languages: " + ", ".join(f"{name} {count}" for name, count in report.languages.items()))
+    if report.languages_note:
+        click.echo(f"note: {report.languages_note}")
     if report.vector_index_rebuilt:
         click.echo(f"  rebuilt: {report.vector_index_rebuilt}")
     if report.segments_merged:
@@ -739,6 +743,7 @@ def info(index_dir: Path | None, as_json: bool) -> None:
         return
     params = data.pop("strategy_params", {})
     finding = data.pop("tuning_finding", None)
+    unread = data.pop("languages_note", None)
     fusion = data.pop("fusion", None) or {"weights": "equal (never tuned)"}
     rows = [
         (key, json.dumps(value) if isinstance(value, dict | list) else str(value))
@@ -755,8 +760,9 @@ def info(index_dir: Path | None, as_json: bool) -> None:
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
-    if finding:
-        click.echo(f"note: {finding}")
+    for note in (finding, unread):
+        if note:
+            click.echo(f"note: {note}")
 
 
 @cli.command()

@@ -19,7 +19,7 @@ from ragidx.indexer.build.tuning import DEFAULT_PSEUDO_QUERIES, TuningReport, tu
 from ragidx.indexer.build.watch import watch
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import model_tokenizer
-from ragidx.indexer.model.sources import canonical_model_id
+from ragidx.indexer.model.sources import canonical_model_id, keyword_only_note
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS, Context, CountTokens, fit, merge_hits
 from ragidx.indexer.search.engine import Ranked, SearchEngine
 from ragidx.indexer.search.hits import Hit
@@ -342,10 +342,16 @@ class Index:
         meta = {key: value for key, value in self.meta.items() if key != "segmented"}
         tuned = meta.get("fusion")
         finding = TuningReport.from_meta(tuned).finding() if tuned and tuned.get("weights") else None
+        unread = (
+            keyword_only_note(str(meta.get("model")), meta.get("languages") or {})
+            if meta.get("dense", True)
+            else ""
+        )
         return {
             "index": str(self.reader.directory),
             **meta,
             **({"tuning_finding": finding} if finding else {}),
+            **({"languages_note": unread} if unread else {}),
             **self.reader.counts(),
             "segments": self.reader.vector_parts(),
             "bytes_on_disk": self.reader.bytes_on_disk(),

@@ -398,8 +398,8 @@ def test_damaged_index_parts_are_repaired_or_refused_with_what_to_do(small_index
     assert check() == ["segment-records"]
     assert check(repair=True) == ["segment-records"] and check() == []
 
-    sql("drop table chunks_fts")
-    with Index.open(index) as opened, pytest.raises(RagidxError, match=r"lexical index .* is missing"):
+    sql("drop table chunks_terms")
+    with Index.open(index) as opened, pytest.raises(RagidxError, match=r"keyword index .* is missing"):
         opened.search("tides", mode="lexical")
     assert check() == ["lexical-index"]
     check(repair=True)

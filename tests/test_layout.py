@@ -37,6 +37,7 @@ SLOW = {
     "bs4",
     "tqdm",
     "snowballstemmer",
+    "py3langid",  # its model loads in 0.4 s: only where a language must be told
     "unittest",
     "charset_normalizer",
     "yaml",
@@ -259,7 +260,8 @@ def test_the_wheel_ships_and_imports_every_package(tmp_path):
 
 def test_storage_reads_of_ingest_only_the_spans_it_stores(modules):
     """Text extraction (ingest/sources) stays out of storage's way: a chunk's spans and the pages
-    they touch are :mod:`ragidx.indexer.ingest.spans`' (types it stores may be named for mypy)."""
+    they touch are :mod:`ragidx.indexer.ingest.spans`', the language a text is in and how it is
+    stemmed :mod:`ragidx.indexer.ingest.languages`' (types it stores may be named for mypy)."""
     read = {
         target
         for m in modules
@@ -267,7 +269,7 @@ def test_storage_reads_of_ingest_only_the_spans_it_stores(modules):
         for target in m.top | m.local
         if package_of(target) == "indexer.ingest"
     }
-    assert read <= {"indexer.ingest", "indexer.ingest.spans"}
+    assert read <= {"indexer.ingest", "indexer.ingest.spans", "indexer.ingest.languages"}
 
 
 def test_each_vector_store_is_a_sub_package_that_alone_knows_its_files():

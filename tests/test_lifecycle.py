@@ -193,10 +193,7 @@ def test_check_finds_and_repairs_damage(workspace, tiny_models):
     vectors.add_with_ids(extra, np.array([999_999], dtype=np.int64))
     faiss.write_index(vectors, str(index / "vectors-1.faiss"))
     with sqlite3.connect(index / "ragidx.db") as db:
-        db.execute(
-            "insert into chunks_fts(chunks_fts, rowid, text) values('delete', ?, ?)",
-            [victim, db.execute("select text from chunks where id = ?", [victim]).fetchone()[0]],
-        )
+        db.execute("delete from chunks_terms where rowid = ?", [victim])
         db.execute(
             "update documents set chunk_count = chunk_count + 5 where id = (select min(id) from documents)"
         )

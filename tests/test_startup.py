@@ -79,7 +79,7 @@ def test_the_console_script_loads_only_what_handing_over_a_query_takes(tmp_path)
 
 def test_stop_words_come_without_importing_spacy():
     code = (
-        "import sys\nfrom ragidx.indexer.storage.lexical import stop_words\nwords = stop_words()\n"
+        "import sys\nfrom ragidx.indexer.ingest.languages import stop_words\nwords = stop_words()\n"
         "print(len(words), 'spacy' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -87,7 +87,7 @@ def test_stop_words_come_without_importing_spacy():
 
     assert out.split() == [str(len(STOP_WORDS)), "False"]
 
-    from ragidx.indexer.storage.lexical import stop_words
+    from ragidx.indexer.ingest.languages import stop_words
 
     assert stop_words() == frozenset(STOP_WORDS)
 

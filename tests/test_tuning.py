@@ -25,7 +25,7 @@ from ragidx.indexer.build.tuning import (
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.writer import IndexWriter
 from tests.support.cli import assert_one_line_error, ragidx
-from tests.support.search_checks import independent_dense, independent_fusion
+from tests.support.search_checks import independent_dense, independent_fusion, porter_bm25
 
 
 def options(model, folder, **extra) -> BuildOptions:
@@ -78,13 +78,10 @@ def independent_lexical(
     every = list(dict.fromkeys(w.lower() for w in re.findall(r"\w+", text)))
     words = [w for w in every if w not in STOP_WORDS] or every
     connection = db or sqlite3.connect(index.reader.directory / "ragidx.db")
-    rows = connection.execute(
-        "select rowid, bm25(chunks_fts) from chunks_fts where chunks_fts match ? order by 2, 1 limit 101",
-        [" OR ".join(f'"{w}"' for w in words)],
-    ).fetchall()
+    found = porter_bm25(connection, words, 101)
     if db is None:
         connection.close()
-    return [(rowid, -score) for rowid, score in rows]
+    return found
 
 
 def test_weights_move_from_equal_only_for_a_gain_beyond_the_noise():

@@ -8,7 +8,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from ragidx.indexer.ingest.changes import ChangePlan, plan_changes
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import ScanResult, SkippedFile, SourceDocument, scan
 from ragidx.indexer.model.runtime import load_runtime
-from ragidx.indexer.model.sources import check_same_file, resolve_model
+from ragidx.indexer.model.sources import check_same_file, keyword_only_note, resolve_model
 from ragidx.indexer.progress import notice
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
@@ -89,6 +89,8 @@ class BuildReport:
     embedded_tokens: int = 0  # of ``tokens``, those put through the model (not resumed, not lexical)
     sample: SampleReport | None = None  # the sample that decided whether to keep vectors
     resumed: Resumed | None = None  # what an interrupted build had embedded, taken from its journal
+    languages: dict[str, int] = field(default_factory=dict)  # the index's chunks in each language
+    languages_note: str = ""  # the languages the model cannot read ("" where it reads them all)
 
     @property
     def vectors_description(self) -> str:
@@ -133,6 +135,8 @@ class BuildReport:
             "restored": self.restored,
             "dense": self.dense,
             "dense_reason": self.dense_reason,
+            "languages": self.languages,
+            "languages_note": self.languages_note,
             "vectorised": self.vectorised,
             "sample": self.sample.to_dict() if self.sample else None,
             "resumed": self.resumed.to_dict() if self.resumed else None,
@@ -417,6 +421,10 @@ def _report(
         dense_reason=settings.dense_reason,
         vectorised=embedded.vectorised if embedded else 0,
         embedded_tokens=embedded.embedded_tokens if embedded else 0,
+        languages=dict(writer.meta.get("languages") or {}),
+        languages_note=keyword_only_note(settings.model, writer.meta.get("languages") or {})
+        if settings.dense
+        else "",
     )
 
 

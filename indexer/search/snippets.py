@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ragidx.indexer.ingest.languages import stop_words
 from ragidx.indexer.ingest.spans import Span
-from ragidx.indexer.storage.lexical import stop_words
 
 WORD = re.compile(r"\w+")
 SNIPPET_CHARS = 240

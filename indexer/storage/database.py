@@ -17,7 +17,7 @@ import numpy as np
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.spans import relative_spans
-from ragidx.indexer.storage.lexical import create_cjk_table
+from ragidx.indexer.storage.lexical import create_terms_table
 from ragidx.indexer.storage.local.segments import create_segment_tables
 from ragidx.indexer.wording import excerpt
 
@@ -107,7 +107,7 @@ def writable(directory: Path) -> bool:
 
 
 def create_schema(db: Database, lexical: bool = True) -> None:
-    """The tables of an index (those missing); ``lexical=False`` leaves a missing full-text
+    """The tables of an index (those missing); ``lexical=False`` leaves a missing keyword
     index missing (``check`` reports it; a repair or the next build restores it)."""
     db.table("meta").create({"key": str, "value": str}, pk="key", if_not_exists=True)
     db.table("documents").create(
@@ -149,22 +149,7 @@ def create_schema(db: Database, lexical: bool = True) -> None:
     db.table("chunks").create_index(["document_id"], if_not_exists=True)
     create_segment_tables(db)
     if lexical:
-        restore_lexical(db)
-    create_cjk_table(db)
-
-
-FTS_TRIGGERS = ("chunks_ai", "chunks_ad", "chunks_au")  # sqlite-utils' names for chunks_fts's triggers
-
-
-def restore_lexical(db: Database) -> None:
-    """Make the full-text table of the chunks (filled from them) if it is not there; triggers
-    left by a dropped one are replaced."""
-    if db["chunks_fts"].exists():
-        return
-    with db.atomic():
-        for trigger in FTS_TRIGGERS:
-            db.execute(f"drop trigger if exists {trigger}")
-        db.table("chunks").enable_fts(["text"], create_triggers=True, tokenize="porter")
+        create_terms_table(db)
 
 
 def read_meta(db: Database) -> dict[str, Any]:

@@ -29,7 +29,14 @@ from ragidx.indexer.storage.database import (
     row_counts,
     writable,
 )
-from ragidx.indexer.storage.lexical import CJK_TABLE, match_expression, rewrite_chunk_text
+from ragidx.indexer.storage.lexical import (
+    LEGACY_TABLE,
+    TERMS_TABLE,
+    chunk_languages,
+    legacy_match_expression,
+    match_expression,
+    rewrite_chunk_text,
+)
 from ragidx.indexer.storage.location import DB_NAME, no_index
 from ragidx.indexer.storage.stores import store_from_meta
 from ragidx.indexer.storage.vector_store import LoadedVectors, VectorStore
@@ -149,6 +156,13 @@ class IndexReader:
         ).fetchall()
         return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
 
+    def languages(self) -> list[str]:
+        """The languages of the index's chunks, most first (a build's own tables before it commits
+        them to the settings)."""
+        if "languages" not in self.meta:
+            self.meta = {**self.meta, "languages": chunk_languages(self.db)}
+        return list(self.meta["languages"])
+
     def lexical_search(
         self, query: str, limit: int, filters: Filters | None = None
     ) -> list[tuple[int, float]]:
@@ -159,16 +173,16 @@ class IndexReader:
         OR-ed, as BM25 ranking expects (see :func:`match_expression`). Filters restrict the match
         itself, so ``limit`` matching chunks come back whenever that many exist.
         """
-        found = match_expression(query)
-        if found is None:
-            return []
-        table, match = found
-        if not self.db[table].exists():
-            if table == CJK_TABLE:  # an index not written since CJK support
-                return []
+        if self.db[TERMS_TABLE].exists():
+            table, match = TERMS_TABLE, match_expression(query, self.languages())
+        elif self.db[LEGACY_TABLE].exists():  # written before languages, until its next build
+            table, match = LEGACY_TABLE, legacy_match_expression(query)
+        else:
             raise RagidxError(
-                f"the lexical index of {self.directory} is missing: `ragidx check --repair` rebuilds it"
+                f"the keyword index of {self.directory} is missing: `ragidx check --repair` rebuilds it"
             )
+        if match is None:
+            return []
         restriction, params = "", list[Any]()
         if filters:
             condition, params = filters.document_condition()

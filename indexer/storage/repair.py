@@ -9,8 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ragidx.indexer.storage.database import restore_lexical
-from ragidx.indexer.storage.lexical import CJK_TABLE, fill_cjk_table
+from ragidx.indexer.storage.lexical import LEGACY_TABLE, TERMS_TABLE, create_terms_table
 from ragidx.indexer.storage.local.segments import stale_segment_files
 
 if TYPE_CHECKING:
@@ -57,10 +56,11 @@ def remove_files(paths: Iterable[Path]) -> None:
 
 
 def lexical_fault(db: Database, writable: bool) -> str | None:
-    """Why the FTS5 tables disagree with the chunks, or None when they agree. FTS5's check is an
+    """Why the keyword table disagrees with the chunks, or None when they agree (an index
+    written before languages keeps its English table until its next build). FTS5's check is an
     insert, so on a connection that may not write it runs on a copy of the database."""
-    if not db["chunks_fts"].exists():
-        return "the table chunks_fts is missing"
+    if not db[TERMS_TABLE].exists():
+        return None if db[LEGACY_TABLE].exists() else f"the table {TERMS_TABLE} is missing"
     copy = None
     run: Any = db.execute
     if not writable:
@@ -68,20 +68,24 @@ def lexical_fault(db: Database, writable: bool) -> str | None:
         db.conn.backup(copy)
         run = copy.execute
     try:
-        run("insert into chunks_fts(chunks_fts, rank) values('integrity-check', 1)")
-        run(f"insert into {CJK_TABLE}({CJK_TABLE}) values('integrity-check')")
+        run(f"insert into {TERMS_TABLE}({TERMS_TABLE}, rank) values('integrity-check', 1)")
+        unmatched = run(
+            f"select (select count(*) from chunks where id not in (select rowid from {TERMS_TABLE})), "
+            f"(select count(*) from {TERMS_TABLE} where rowid not in (select id from chunks))"
+        ).fetchone()
     except sqlite3.DatabaseError as error:
         return str(error)
     finally:
         if copy is not None:
             copy.close()
+    missing, extra = unmatched
+    if missing or extra:
+        return f"{missing} chunks without terms, {extra} terms without a chunk"
     return None
 
 
 def rebuild_lexical(db: Database) -> None:
-    """Refill both full-text tables from the chunks (the main one made again if it is gone)."""
-    restore_lexical(db)
+    """Make the keyword table again from the chunks (one transaction)."""
     with db.atomic():
-        db.execute("insert into chunks_fts(chunks_fts) values('rebuild')")
-        db.execute(f"insert into {CJK_TABLE}({CJK_TABLE}) values('delete-all')")
-        fill_cjk_table(db)
+        db.execute(f"drop table if exists {TERMS_TABLE}")
+        create_terms_table(db)

@@ -46,9 +46,10 @@ from ragidx.indexer.storage.database import (
 )
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.lexical import (
-    CJK_TABLE,
-    add_cjk_rows,
-    remove_cjk_rows,
+    TERMS_TABLE,
+    add_document_terms,
+    chunk_languages,
+    remove_terms_rows,
 )
 from ragidx.indexer.storage.location import DB_NAME, JOURNAL_NAME, LOCK_NAME
 from ragidx.indexer.storage.repair import remove_files, stale_vector_files
@@ -319,11 +320,11 @@ class NextGeneration:
         if replace:
             self.db.execute("delete from chunks")
             self.db.execute("delete from documents")
-            self.db.execute(f"insert into {CJK_TABLE} ({CJK_TABLE}) values ('delete-all')")
+            self.db.execute(f"delete from {TERMS_TABLE}")
         for batch in in_batches(list(removed)):
             marks = ",".join("?" for _ in batch)
-            old = self.db.execute(f"select id, text from chunks where document_id in ({marks})", batch)
-            remove_cjk_rows(self.db, old.fetchall())
+            old = self.db.execute(f"select id from chunks where document_id in ({marks})", batch)
+            remove_terms_rows(self.db, (row[0] for row in old.fetchall()))
             self.db.execute(f"delete from chunks where document_id in ({marks})", batch)
             self.db.execute(f"delete from documents where id in ({marks})", batch)
 
@@ -340,8 +341,8 @@ class NextGeneration:
             self.db.table("chunks").insert_all(
                 chunk_row(chunk, document_id, first + offset) for offset, chunk in enumerate(record.chunks)
             )
-            add_cjk_rows(
-                self.db, ((first + offset, chunk.text) for offset, chunk in enumerate(record.chunks))
+            add_document_terms(
+                self.db, [(first + offset, chunk.text) for offset, chunk in enumerate(record.chunks)]
             )
             self.next_id += len(record.chunks)
         if n_chunks and vectors is not None:
@@ -396,6 +397,7 @@ class NextGeneration:
             "segmented": True,
             "store": self.store.spec.to_meta(),
             **written.meta,
+            "languages": chunk_languages(self.db),
             "updated_at": stamp,
         }
         new_meta.setdefault("created_at", writer.meta.get("created_at", stamp))

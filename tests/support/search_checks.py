@@ -48,13 +48,28 @@ def independent_fusion(
     return sorted(scored, key=lambda p: (-p[1], -tie(p[0]), p[0]))
 
 
+def porter_bm25(
+    connection: sqlite3.Connection, words: list[str], limit: int = 100
+) -> list[tuple[int, float]]:
+    """BM25 (higher is better) of the chunks in ``connection`` for ``words`` OR-ed, as FTS5's own
+    English analysis (``porter unicode61``) reads them, in a table of their own: what ragidx's
+    keyword table must equal on English text."""
+    memory = sqlite3.connect(":memory:")
+    memory.execute("create virtual table t using fts5(text, tokenize='porter unicode61')")
+    memory.executemany(
+        "insert into t (rowid, text) values (?, ?)", connection.execute("select id, text from chunks")
+    )
+    rows = memory.execute(
+        "select rowid, bm25(t) from t where t match ? order by 2, 1 limit ?",
+        [" OR ".join(f'"{w}"' for w in words), limit],
+    ).fetchall()
+    memory.close()
+    return [(rowid, -score) for rowid, score in rows]
+
+
 def independent_lexical(index: Index, words: list[str]) -> list[tuple[int, float]]:
     with sqlite3.connect(index.reader.directory / "ragidx.db") as db:
-        rows = db.execute(
-            "select rowid, bm25(chunks_fts) from chunks_fts where chunks_fts match ? order by 2, 1 limit 100",
-            [" OR ".join(words)],
-        ).fetchall()
-    return [(rowid, -score) for rowid, score in rows]
+        return porter_bm25(db, words)
 
 
 def independent_dense(index: Index, query: str, limit: int = 100) -> list[tuple[int, float]]:

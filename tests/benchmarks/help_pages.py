@@ -1,0 +1,175 @@
+"""Command-line help pages in other languages: development questions a native speaker would type,
+written before searching (2026-11-28), for keyword search and vectors beyond English.
+
+Usage:
+  python -m tests.benchmarks.help_pages write PAGES OUT [--languages es,fr,ja,ko]
+  python -m tests.benchmarks.help_pages check CORPUS --language L [--index DIR] [--modes ...]
+      [-- BUILD ARGS...]
+
+``PAGES`` is a checkout of the public tldr-pages repository (its ``pages.LANG/`` folders);
+``write`` copies each development language's ``common`` and ``linux`` pages into ``OUT/LANG``
+(Korean: only the pages Spanish has too, plus the pages that answer a question: the whole set is
+four times the others). Chinese and German pages of that set are kept for acceptance (issue 77):
+never tune on them. ``check`` builds ``CORPUS`` into a fresh index (the defaults unless BUILD ARGS
+say otherwise), then asks the language's questions that its corpus can answer in each mode: a
+question counts where an accepted page is in the top 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Each question accepts the pages (command names) that answer it.
+QUESTIONS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "es": [
+        ("cambiar los permisos de un archivo para que se pueda ejecutar", ("chmod",)),
+        ("descomprimir un archivo tar.gz", ("tar",)),
+        ("buscar un texto dentro de varios archivos", ("grep", "rg", "ack", "ag")),
+        ("ver cuánto espacio libre queda en el disco", ("df", "duf", "pydf")),
+        ("copiar archivos a otro servidor por ssh", ("scp", "rsync", "sftp")),
+        ("descargar un archivo desde una URL", ("curl", "wget", "aria2c")),
+        ("mostrar los procesos que consumen más memoria", ("top", "htop", "ps", "btop", "glances")),
+        ("cambiar el propietario de un archivo", ("chown",)),
+        (
+            "comparar dos archivos línea por línea",
+            ("diff", "cmp", "comm", "vimdiff", "sdiff", "colordiff", "delta"),
+        ),
+        ("crear un enlace simbólico", ("ln",)),
+        ("matar un proceso por su nombre", ("pkill", "killall")),
+        ("programar una tarea para que se ejecute cada día", ("crontab", "cron", "at")),
+    ],
+    "fr": [
+        ("rendre un script exécutable", ("chmod",)),
+        ("extraire une archive zip", ("unzip", "7z", "bsdtar")),
+        ("trouver des fichiers par leur nom", ("find", "locate", "fd", "mlocate", "plocate")),
+        ("afficher l'espace disque utilisé par un dossier", ("du", "dust", "ncdu", "gdu")),
+        ("se connecter à une machine distante", ("ssh", "mosh", "telnet")),
+        ("télécharger une page web", ("curl", "wget")),
+        ("renommer plusieurs fichiers à la fois", ("rename", "mmv", "vidir", "perl-rename", "qmv")),
+        ("changer le propriétaire d'un fichier", ("chown",)),
+        ("compter le nombre de lignes d'un fichier", ("wc",)),
+        ("afficher les dernières lignes d'un journal", ("tail", "journalctl")),
+        ("arrêter un processus qui ne répond plus", ("kill", "pkill", "killall", "xkill")),
+        ("créer une nouvelle branche git", ("git-branch", "git-checkout", "git-switch")),
+    ],
+    "ja": [
+        ("ファイルに実行権限を付ける", ("chmod",)),
+        ("圧縮ファイルを展開する", ("tar", "unzip", "gzip", "gunzip", "7z", "unar", "xz", "bzip2")),
+        ("ファイルの中から文字列を検索する", ("grep", "rg", "ag", "ack")),
+        ("ディスクの空き容量を確認したい", ("df", "duf")),
+        ("リモートサーバーにファイルをコピーする方法", ("scp", "rsync", "sftp")),
+        ("URLからファイルをダウンロードする", ("curl", "wget", "aria2c")),
+        ("実行中のプロセスを一覧表示する", ("ps", "top", "htop", "pgrep", "btop")),
+        ("ファイルの所有者を変えたい", ("chown",)),
+        ("二つのファイルの違いを表示する", ("diff", "cmp", "vimdiff", "comm", "delta")),
+        ("シンボリックリンクを作成する", ("ln",)),
+        ("ディレクトリの中身を一覧表示する", ("ls", "tree", "exa", "eza", "lsd", "dir")),
+        ("テキストファイルの行数を数える", ("wc",)),
+    ],
+    "ko": [
+        ("파일을 실행 가능하게 만들기", ("chmod",)),
+        ("tar.gz 압축 풀기", ("tar",)),
+        ("여러 파일에서 문자열 찾기", ("grep", "rg", "ag", "ack")),
+        ("디스크 남은 용량 확인", ("df", "duf")),
+        ("다른 서버로 파일 복사하기", ("scp", "rsync", "sftp")),
+        ("웹에서 파일 다운로드하는 방법", ("curl", "wget", "aria2c")),
+        ("메모리를 많이 쓰는 프로세스 보기", ("top", "htop", "ps", "btop", "glances")),
+        ("파일 소유자 바꾸기", ("chown",)),
+        ("두 파일의 차이점 비교", ("diff", "cmp", "vimdiff", "comm", "delta", "sdiff")),
+        ("심볼릭 링크 만들기", ("ln",)),
+        ("프로세스 이름으로 종료하기", ("pkill", "killall")),
+        ("매일 실행되는 작업 예약하기", ("crontab", "cron", "at")),
+    ],
+}
+
+PLATFORMS = ("common", "linux")
+REPOSITORY = Path(__file__).resolve().parents[2]
+RAGIDX = [str(Path(sys.executable).with_name("ragidx"))]  # the console script beside this Python
+
+
+def write(pages: Path, out: Path, languages: list[str]) -> None:
+    spanish = {page.stem for platform in PLATFORMS for page in (pages / "pages.es" / platform).glob("*.md")}
+    for language in languages:
+        accepted = {name for _, names in QUESTIONS[language] for name in names}
+        for platform in PLATFORMS:
+            target = out / language / platform
+            target.mkdir(parents=True, exist_ok=True)
+            for page in sorted((pages / f"pages.{language}" / platform).glob("*.md")):
+                if language != "ko" or page.stem in spanish | accepted:
+                    shutil.copy(page, target / page.name)
+        print(f"{language}: {sum(1 for _ in (out / language).rglob('*.md'))} pages")
+
+
+def ragidx(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RAGIDX, *args], capture_output=True, text=True, cwd=REPOSITORY)
+
+
+def check(corpus: Path, language: str, index: Path, modes: list[str], extra: list[str]) -> None:
+    present = {page.stem for page in corpus.rglob("*.md")}
+    questions = [(q, names) for q, names in QUESTIONS[language] if present & set(names)]
+    started = time.perf_counter()
+    built = ragidx("build", str(corpus), "--index", str(index), "--json", *extra)
+    if built.returncode != 0:
+        raise SystemExit(f"build failed: {built.stderr[-800:]}")
+    report = json.loads(built.stdout)
+    print(
+        f"build {time.perf_counter() - started:.1f} s wall: {report['chunks']} chunks; model "
+        f"{report['model']}, strategy {report['strategy']}, dense {report['dense']}; "
+        f"languages {report.get('languages')}"
+    )
+    fusion = report["fusion"] or {}
+    print(f"fusion: {fusion.get('method')} {fusion.get('weights')} ({fusion.get('reason', '')})")
+    modes = [m for m in modes if report["dense"] or m == "lexical"]
+    scores = dict.fromkeys(modes, 0)
+    for question, names in questions:
+        row = []
+        for mode in modes:
+            result = ragidx("query", question, "--index", str(index), "--mode", mode, "-k", "3", "--json")
+            if result.returncode != 0:
+                raise SystemExit(f"query failed: {result.stderr[-800:]}")
+            found = [Path(hit["path"]).stem for hit in json.loads(result.stdout)]
+            hit = any(name in names for name in found)
+            scores[mode] += hit
+            row.append(f"{mode} {'+' if hit else '-'} {','.join(found)}")
+        print(f"{question[:40]:<40}  {' | '.join(row)}")
+    print(f"{language} top 3 of {len(questions)}: " + ", ".join(f"{m} {s}" for m, s in scores.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    writing = sub.add_parser("write")
+    writing.add_argument("pages", type=Path)
+    writing.add_argument("out", type=Path)
+    writing.add_argument("--languages", default=",".join(QUESTIONS))
+    checking = sub.add_parser("check")
+    checking.add_argument("corpus", type=Path)
+    checking.add_argument("--language", required=True, choices=sorted(QUESTIONS))
+    checking.add_argument("--index", type=Path)
+    checking.add_argument("--modes", default="hybrid,dense,lexical")
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if extra or "--" in argv else 0)])
+    if args.command == "write":
+        write(args.pages, args.out, args.languages.split(","))
+        return
+    modes = args.modes.split(",")
+    if args.index:
+        shutil.rmtree(args.index, ignore_errors=True)
+        check(args.corpus, args.language, args.index, modes, extra)
+        return
+    with tempfile.TemporaryDirectory(prefix="ragidx-help-pages-") as folder:
+        check(args.corpus, args.language, Path(folder) / "index", modes, extra)
+
+
+if __name__ == "__main__":
+    main()
