@@ -13,8 +13,10 @@ import pytest
 from ragidx.app import Index
 from ragidx.indexer.ingest.languages import detect
 from ragidx.indexer.model.sources import keyword_only_note
+from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.lexical import query_terms, terms
 from tests.support.cli import ragidx
+from tests.support.real_models import installed
 from tests.support.search_checks import porter_bm25
 
 # Short pages of command help in four languages and English, written for these tests.
@@ -159,3 +161,30 @@ def test_a_model_that_reads_english_only_says_which_languages_keywords_alone_ser
         "(a model for every language: docs/choosing.md#languages)"
     )
     assert keyword_only_note("minilm", {"en": 2}) == "" and keyword_only_note("gemma3-270m", {"de": 3}) == ""
+
+
+@pytest.mark.real
+def test_hybrid_search_leaves_out_the_vectors_of_a_model_that_cannot_read_the_query(pages, tmp_path):
+    """MiniLM reads English: a Japanese question's hybrid list is its keyword list; an English
+    one's still fuses both (the index's equal weights: too few chunks to tune)."""
+    folder = tmp_path / "index"
+    model = installed("minilm")
+    with Index.build([pages], folder, model=model, dense=True, progress=False) as built:
+        japanese, english = QUESTIONS[2][0], QUESTIONS[4][0]
+        hybrid = built.search(japanese, k=5, explain=True)
+        assert [h.chunk_id for h in hybrid] == [
+            h.chunk_id for h in built.search(japanese, k=5, mode="lexical")
+        ]
+        assert {h.explain.weights["dense"] for h in hybrid} == {0.0}
+        assert {h.explain.weights["dense"] for h in built.search(english, k=5, explain=True)} == {0.5}
+        weighed = built.search(japanese, k=5, explain=True, weights=Fusion(dense=1, lexical=1))
+        assert {h.explain.weights["dense"] for h in weighed} == {1.0}  # weights given: as given
+
+
+def test_an_indexs_shares_weigh_the_querys_language():
+    """A stray chunk told Catalan must not turn a Spanish question Catalan (stems and stop words of
+    another language would miss every Spanish page); a clear English question stays English."""
+    assert detect("comprimir una carpeta", ["es", "ca"]) == "ca"  # unweighted: as likely Catalan
+    assert detect("comprimir una carpeta", {"es": 2890, "ca": 1}) == "es"
+    assert detect("make a file executable", {"de": 70, "en": 30}) == "en"
+    assert detect("eine Datei ausführbar machen", {"de": 70, "en": 30}) == "de"

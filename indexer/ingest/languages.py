@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,15 +105,20 @@ def _restricted(languages: tuple[str, ...]) -> LanguageIdentifier:
     return identifier
 
 
-def detect(text: str, among: Iterable[str] = DOCUMENT_LANGUAGES) -> str:
+def detect(text: str, among: Iterable[str] | Mapping[str, int] = DOCUMENT_LANGUAGES) -> str:
     """The likeliest language of ``text`` among ``among`` (a query's among its index's: a short
-    query is told far better from a few languages than from all)."""
+    query is told far better from a few languages than from all). A mapping weighs each language
+    by its count (an index's chunks in it): the detector's probabilities times those shares, so a
+    stray chunk told Catalan in a Spanish index does not turn Spanish questions Catalan, while an
+    English question in a mostly German index stays English."""
     known = set(_identifier().nb_classes)
     choices = tuple(sorted(set(among) & known)) or (ENGLISH,)
     if len(choices) == 1:
         return choices[0]
-    language, _ = _restricted(choices).classify(text[:DETECTED_CHARS])
-    return str(language)
+    ranked = _restricted(choices).rank(text[:DETECTED_CHARS])
+    if not isinstance(among, Mapping):
+        return str(ranked[0][0])
+    return str(max(ranked, key=lambda pair: (float(pair[1]) * among[pair[0]], pair[0]))[0])
 
 
 def stemmer_name(language: str) -> str:

@@ -18,11 +18,13 @@ import numpy as np
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import resolve_device
+from ragidx.indexer.model.sources import unread_languages
 from ragidx.indexer.search.fusion import LISTS, Fusion
 from ragidx.indexer.search.hits import Explanation, Hit, Listed
 from ragidx.indexer.search.options import SearchOptions, check_queries
 from ragidx.indexer.search.snippets import make_snippet, query_stems
 from ragidx.indexer.storage.filters import Filters
+from ragidx.indexer.storage.lexical import query_language
 from ragidx.indexer.storage.reader import IndexReader
 
 SNAPSHOT_ATTEMPTS = 5
@@ -147,6 +149,16 @@ class SearchEngine:
         stored = Fusion.of_index(self.meta)
         return replace(options.weights or stored, method=options.fusion or stored.method)
 
+    def _query_fusion(self, query: str, fusion: Fusion, options: SearchOptions) -> Fusion:
+        """Keyword search alone for a query in a language the index's model was not trained to
+        read (MiniLM and a Japanese question: its vector is noise, and fused in it cost Japanese
+        help pages one question of nine, docs/choosing.md#languages), unless the options weigh."""
+        if options.weights is not None or not fusion.dense:
+            return fusion
+        language = query_language(query, self.reader.languages())
+        unread = unread_languages(str(self.meta.get("model")), [language])
+        return replace(fusion, dense=0.0, lexical=1.0) if unread else fusion
+
     def embeds_queries(self, options: SearchOptions) -> bool:
         """Whether a search with ``options`` embeds its queries: it reads the dense list (its
         mode's, or a hybrid fusion that weighs it above 0)."""
@@ -165,10 +177,11 @@ class SearchEngine:
         )
         results = []
         for query, ranked in zip(queries, lists, strict=True):
-            scored = fusion.fuse(ranked) if options.mode == "hybrid" else ranked[options.mode]
+            fused = self._query_fusion(query, fusion, options)
+            scored = fused.fuse(ranked) if options.mode == "hybrid" else ranked[options.mode]
             if options.min_score is not None:
                 scored = [(chunk_id, score) for chunk_id, score in scored if score >= options.min_score]
-            explained = fusion if options.mode == "hybrid" else None
+            explained = fused if options.mode == "hybrid" else None
             results.append(self._hits(query, scored[: options.k], ranked, options.explain, explained))
         return results
 

@@ -23,7 +23,7 @@ import re
 import sqlite3
 import threading
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ragidx.indexer.ingest.languages import (
@@ -133,19 +133,23 @@ def query_terms(query: str, language: str) -> list[str]:
     return [*(stem(word, language) for word in spelled), *content_pairs]
 
 
-def query_language(query: str, languages: Sequence[str]) -> str:
+def query_language(query: str, languages: Mapping[str, int]) -> str:
     """The language to analyse ``query`` in: the index's only one, else the likeliest of its
-    ``languages`` (English for an index that names none: one written before languages)."""
+    ``languages`` (chunks in each: the shares weigh the detector's odds; English for an index
+    that names none: one written before languages)."""
     return detect(query, languages) if languages else ENGLISH
 
 
-def match_expression(query: str, languages: Sequence[str] = ()) -> str | None:
+def match_expression(query: str, languages: Mapping[str, int] | None = None) -> str | None:
     """The MATCH expression of ``query`` for :data:`TERMS_TABLE`, or None when it has no terms.
 
     Every term is quoted (FTS5 syntax in user text is matched as plain words) and the terms are
     OR-ed, as BM25 ranking expects.
     """
-    return " OR ".join(f'"{term}"' for term in query_terms(query, query_language(query, languages))) or None
+    return (
+        " OR ".join(f'"{term}"' for term in query_terms(query, query_language(query, languages or {})))
+        or None
+    )
 
 
 def legacy_match_expression(query: str) -> str | None:

@@ -156,12 +156,12 @@ class IndexReader:
         ).fetchall()
         return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
 
-    def languages(self) -> list[str]:
-        """The languages of the index's chunks, most first (a build's own tables before it commits
-        them to the settings)."""
+    def languages(self) -> dict[str, int]:
+        """The index's chunks in each language, most first (a build's own tables before it
+        commits them to the settings)."""
         if "languages" not in self.meta:
             self.meta = {**self.meta, "languages": chunk_languages(self.db)}
-        return list(self.meta["languages"])
+        return dict(self.meta["languages"])
 
     def lexical_search(
         self, query: str, limit: int, filters: Filters | None = None
