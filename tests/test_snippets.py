@@ -39,3 +39,18 @@ def test_a_long_sentence_is_cut_to_a_window_around_the_first_match():
 
 def test_render_without_highlights_is_the_plain_text():
     assert Snippet("plain text").render(str.upper) == "plain text"
+
+
+def test_cjk_pairs_and_words_stemmed_in_the_querys_language_are_marked():
+    """What keyword search matched: pairs of CJK characters (a stretch of them one mark), German
+    words by their German stems."""
+    sentences = ["tar 命令用于打包文件。", "chown 命令用于更改文件的所有者。"]
+    text = "".join(sentences)
+    snippet = make_snippet(text, spans_of(text, sentences), query_stems("怎么更改文件", "zh"), "zh")
+    assert snippet.text == "chown 命令用于更改文件的所有者。"
+    assert [snippet.text[s:e] for s, e in snippet.highlights] == ["更改文件"]  # 更改 改文 文件: one mark
+    german = ["Mit cp kopiert man Dateien.", "Mit gzip lassen sich Dateien komprimieren."]
+    text = " ".join(german)
+    snippet = make_snippet(text, spans_of(text, german), query_stems("Datei komprimieren", "de"), "de")
+    assert snippet.text == german[1]
+    assert [snippet.text[s:e] for s, e in snippet.highlights] == ["Dateien", "komprimieren"]

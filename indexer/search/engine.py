@@ -238,7 +238,8 @@ class SearchEngine:
             for name, found in ranked.items()
         }
         found = [(chunk_id, score) for chunk_id, score in scored if chunk_id in rows]
-        stems = query_stems(query)
+        language = query_language(query, self.reader.languages())
+        stems = query_stems(query, language)
         hits = []
         for rank, (chunk_id, score) in enumerate(found, start=1):
             row = rows[chunk_id]
@@ -257,7 +258,7 @@ class SearchEngine:
                     title=row["title"],
                     span=(row["char_start"], row["char_end"]),
                     text=row["text"],
-                    snippet=make_snippet(row["text"], row["sentences"], stems),
+                    snippet=make_snippet(row["text"], row["sentences"], stems, language),
                     metadata=row["metadata"],
                     dense_rank=dense.rank if dense else None,
                     lexical_rank=lexical.rank if lexical else None,

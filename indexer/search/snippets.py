@@ -1,21 +1,23 @@
 """Snippets: the sentence(s) of a chunk that best match the query, with the query's words marked.
 
-Words are compared by their Porter stems, the same stemmer FTS5's ``porter`` tokenizer uses, so
-what is highlighted is what lexical search matched. English stop words only count when the query
-has nothing else.
+A chunk's words and CJK character pairs are compared with the query's terms as keyword search
+analyses them (:mod:`ragidx.indexer.storage.lexical`: stems in the query's language, English by
+FTS5's own Porter, and bigrams of Chinese, Japanese and Korean runs), so what is highlighted is
+what keyword search matched. Stop words only count when the query has nothing else.
 """
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Callable, Sequence
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ragidx.indexer.ingest.languages import stop_words
+from ragidx.indexer.ingest.languages import ENGLISH, ENGLISH_STEMMER, stemmer_name
 from ragidx.indexer.ingest.spans import Span
+from ragidx.indexer.storage.lexical import CJK_RUN, WORD, bigrams, query_terms, stem
 
-WORD = re.compile(r"\w+")
+TOKEN = f"({CJK_RUN})|{WORD}"  # what a snippet matches: a run of CJK characters (group 1), or a word
 SNIPPET_CHARS = 240
 
 
@@ -36,75 +38,86 @@ class Snippet:
         return "".join(parts) + clean(self.text[last:])
 
 
-@functools.cache
-def _stemmer():
-    import snowballstemmer
+class _TermMatcher:
+    """Which spans of a text hold one of the query's terms, and which term; each distinct word is
+    stemmed once per snippet. Porter only rewrites suffixes, so an English word whose first letter
+    starts no term is rejected without stemming it (stemming is the cost)."""
 
-    return snowballstemmer.stemmer("porter")
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def stem(word: str) -> str:
-    return _stemmer().stemWord(word.lower())
-
-
-class _StemMatcher:
-    """Whether a word stems to one of the query's stems, and which; each distinct word is stemmed
-    once per snippet, and Porter only rewrites suffixes, so a word whose first letter starts no
-    stem is rejected without stemming it (stemming is the cost)."""
-
-    def __init__(self, stems: frozenset[str]):
-        self.stems = stems
-        self.initials = {s[:1] for s in stems}
+    def __init__(self, terms: frozenset[str], language: str = ENGLISH):
+        self.terms = terms
+        self.language = language
+        self.initials = {t[:1] for t in terms} if stemmer_name(language) == ENGLISH_STEMMER else None
         self.seen: dict[str, str | None] = {}
 
-    def stem_of(self, word: str) -> str | None:
-        """The query stem ``word`` (lower case) matches, or None."""
+    def term_of(self, word: str) -> str | None:
+        """The query term ``word`` stems to, or None."""
         if word not in self.seen:
-            stemmed = stem(word) if word[:1] in self.initials else None
-            self.seen[word] = stemmed if stemmed in self.stems else None
+            folded = unicodedata.normalize("NFKC", word).lower()
+            skip = self.initials is not None and folded[:1] not in self.initials
+            stemmed = None if skip else stem(folded, self.language)
+            self.seen[word] = stemmed if stemmed in self.terms else None
         return self.seen[word]
 
-    def __call__(self, word: str) -> bool:
-        return self.stem_of(word.lower()) is not None
+    def matches(self, text: str) -> Iterator[tuple[int, int, str]]:
+        """(start, end, term) of each match in ``text``, in order: whole words, and the pairs
+        (or a lone character) of a CJK run."""
+        for token in re.finditer(TOKEN, text):
+            if token.group(1):
+                for offset, pair in enumerate(bigrams(token.group(1))):
+                    if pair in self.terms:
+                        yield token.start() + offset, token.start() + offset + len(pair), pair
+            elif (term := self.term_of(token.group())) is not None:
+                yield token.start(), token.end(), term
 
-    def distinct_stems(self, text: str) -> int:
-        """How many of the query's stems ``text`` holds."""
-        return len({self.stem_of(word) for word in {w.lower() for w in WORD.findall(text)}} - {None})
+    def highlights(self, text: str) -> list[Span]:
+        """The spans to mark: each matched word, each stretch of matched CJK pairs."""
+        spans: list[Span] = []
+        for start, end, _ in self.matches(text):
+            if spans and spans[-1][1] > start:
+                spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+            else:
+                spans.append((start, end))
+        return spans
+
+    def distinct_terms(self, text: str) -> int:
+        """How many of the query's terms ``text`` holds (each distinct word looked up once)."""
+        words = {self.term_of(word) for word in set(re.findall(WORD, text))} - {None}
+        pairs = {pair for run in re.findall(CJK_RUN, text) for pair in bigrams(run) if pair in self.terms}
+        return len(words | pairs)
 
 
-def query_stems(query: str) -> frozenset[str]:
-    """The stems a snippet should match: the query's content words, or all its words if none."""
-    words = [w.lower() for w in WORD.findall(query)]
-    content = [w for w in words if w not in stop_words()] or words
-    return frozenset(stem(w) for w in content)
+def query_stems(query: str, language: str = ENGLISH) -> frozenset[str]:
+    """The terms a snippet should match: the query's as keyword search reads them in ``language``."""
+    return frozenset(query_terms(query, language))
 
 
-def make_snippet(text: str, sentences: Sequence[Span], stems: frozenset[str]) -> Snippet:
-    """The best sentence of ``text`` (most distinct query stems, earliest on ties), extended with
+def make_snippet(
+    text: str, sentences: Sequence[Span], stems: frozenset[str], language: str = ENGLISH
+) -> Snippet:
+    """The best sentence of ``text`` (most distinct query terms, earliest on ties), extended with
     the sentences after it while they fit in :data:`SNIPPET_CHARS`; whitespace is collapsed."""
-    matches = _StemMatcher(stems)
+    matcher = _TermMatcher(stems, language)
     spans = [(s, e) for s, e in sentences if 0 <= s < e <= len(text)] or [(0, len(text))]
-    scores = [matches.distinct_stems(text[s:e]) for s, e in spans]
+    scores = [matcher.distinct_terms(text[s:e]) for s, e in spans]
     best = max(range(len(spans)), key=lambda i: (scores[i], -i))
     start, end = spans[best]
     for _, next_end in spans[best + 1 :]:
         if _flat_length(text[start:next_end]) > SNIPPET_CHARS:
             break
         end = next_end
-    flat = _window(" ".join(text[start:end].split()), matches)
-    return Snippet(flat, [m.span() for m in WORD.finditer(flat) if matches(m.group())])
+    flat = _window(" ".join(text[start:end].split()), matcher)
+    return Snippet(flat, matcher.highlights(flat))
 
 
 def _flat_length(text: str) -> int:
     return len(" ".join(text.split()))
 
 
-def _window(flat: str, matches: Callable[[str], bool]) -> str:
+def _window(flat: str, matcher: _TermMatcher) -> str:
     """A sentence longer than the budget is cut to a window that starts near its first match."""
     if len(flat) <= SNIPPET_CHARS:
         return flat
-    first = next((m.start() for m in WORD.finditer(flat) if matches(m.group())), 0)
+    first = next((start for start, _, _ in matcher.matches(flat)), 0)
     begin = max(0, min(first - SNIPPET_CHARS // 4, len(flat) - SNIPPET_CHARS))
     if begin > 0:
         begin = flat.find(" ", begin) + 1 or begin

@@ -45,10 +45,12 @@ LEGACY_TRIGGERS = ("chunks_ai", "chunks_ad", "chunks_au")  # sqlite-utils' names
 # Han (with extension A and compatibility ideographs), hiragana, katakana (not its middle dot,
 # punctuation) and Hangul syllables. Patterns, not compiled ones: compiling these ranges costs
 # 3 ms, which every `ragidx query` client would pay at import; ``re`` compiles them at first use.
-CJK = "[\u3041-\u309f\u30a0-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
+CJK_RANGES = "\u3041-\u309f\u30a0-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+CJK = f"[{CJK_RANGES}]"
 CJK_RUN = f"{CJK}+"
 HIRAGANA = "[\u3041-\u309f]"
-WORD = r"[^\W_]+"  # what unicode61 calls a token: letters and digits, underscores part them
+# What unicode61 calls a token (letters and digits; underscores part them), CJK characters apart.
+WORD = f"[^\\W_{CJK_RANGES}]+"
 # Capitalised words in a row that stand for an acronym: three, as in "JSON Web Tokens" or
 # "Server-Sent Events"; two would read "Map Python" in "Map Python classes" as one.
 ACRONYM_WORDS = 3
