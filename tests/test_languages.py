@@ -158,7 +158,7 @@ def test_build_and_info_name_the_languages_found(pages, tmp_path, tiny_models):
 def test_a_model_that_reads_english_only_says_which_languages_keywords_alone_serve():
     assert keyword_only_note("minilm", {"de": 30, "en": 2, "ja": 5}) == (
         "minilm reads en only: de (30 chunks), ja (5 chunks) served by keyword search alone "
-        "(a model for every language: docs/choosing.md#languages)"
+        "(docs/choosing.md#languages)"
     )
     assert keyword_only_note("minilm", {"en": 2}) == "" and keyword_only_note("gemma3-270m", {"de": 3}) == ""
 

@@ -122,6 +122,9 @@ class GgufFile:
 
 # GGUF names of the architectures ragidx supports (llama.cpp writes Mistral models as "llama").
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
+# llama.cpp's names of embedding encoders, which transformers cannot read from GGUF: bge-m3 and
+# other BERT or XLM-RoBERTa models ("bert"), nomic-embed-text, Jina's, EmbeddingGemma.
+GGUF_ENCODERS = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "gemma-embedding")
 MANIFEST = "ragidx-gguf.json"  # written last: its presence marks a complete conversion
 # The first transformers that converts every packaged model's GGUF tokenizer whole (before it,
 # Gemma 3's lost its <bos>; before 5.18 it was cut into characters): a cache made earlier is redone.
@@ -283,6 +286,12 @@ def check_gguf(gguf: GgufFile) -> None:
     if header is None:
         return  # parts are read once assembled; their checksum was verified already
     first = gguf.shown
+    if header.architecture in GGUF_ENCODERS:
+        raise RagidxError(
+            f"'{first}' holds a '{header.architecture}' embedding encoder, which ragidx cannot read from "
+            "GGUF; give its Hugging Face folder instead (--model FOLDER: BERT, RoBERTa and XLM-RoBERTa "
+            f"encoders such as bge-m3), or a GGUF decoder ({', '.join(GGUF_ARCHITECTURES)})"
+        )
     if header.architecture not in GGUF_ARCHITECTURES:
         raise RagidxError(
             f"'{first}' holds a '{header.architecture}' model; ragidx reads GGUF models of the "

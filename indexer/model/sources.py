@@ -125,10 +125,7 @@ def keyword_only_note(model: str, languages: Mapping[str, int]) -> str:
         return ""
     read = " and ".join(sorted(PACKAGED_MODELS[model].reads or ()))
     parts = ", ".join(f"{language} ({languages[language]} chunks)" for language in unread)
-    return (
-        f"{model} reads {read} only: {parts} served by keyword search alone "
-        "(a model for every language: docs/choosing.md#languages)"
-    )
+    return f"{model} reads {read} only: {parts} served by keyword search alone (docs/choosing.md#languages)"
 
 
 def module_folder(module: str) -> Path | None:
