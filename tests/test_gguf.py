@@ -46,17 +46,13 @@ def cache_entries(cache: Path) -> list[str]:
     [
         (lambda p: p.write_text("not a model\n") and p, r"is not a GGUF file \(it does not start with"),
         (lambda p: write_gguf(p, "gpt2"), r"holds a 'gpt2' model; ragidx reads GGUF models of .*gemma3"),
-        (
-            lambda p: write_gguf(p, "nomic-bert"),
-            r"holds a 'nomic-bert' embedding encoder, .* give its Hugging Face folder instead",
-        ),
         (lambda p: write_gguf(p, dtype=np.float64), r"quantisation type F64, which transformers cannot"),
         (
             lambda p: p.write_bytes(write_gguf(p).read_bytes()[:600]) and p,
             r"is not a readable GGUF file \(truncated or damaged",
         ),
     ],
-    ids=["not-gguf", "foreign-architecture", "encoder", "unreadable-type", "truncated"],
+    ids=["not-gguf", "foreign-architecture", "unreadable-type", "truncated"],
 )
 def test_bad_gguf_files_get_one_line_and_leave_no_cache_entry(tmp_path, make, message):
     model = make(tmp_path / "model.gguf")

@@ -79,7 +79,9 @@ def test_refusals_name_the_model_and_what_to_do(store, tmp_path):
     assert_one_line_error(result, r"Ollama model 'templates-only:latest' has no model layer \(GGUF weights\)")
     result = ragidx("embed", "--model", "ollama:nomic-embed-text", "hello", check=False)
     assert_one_line_error(
-        result, r"'ollama:nomic-embed-text:latest' holds a 'nomic-bert' model; ragidx reads GGUF models of"
+        result,
+        r"'ollama:nomic-embed-text:latest' holds a 'nomic-bert' embedding encoder, which ragidx cannot read "
+        r"from GGUF; give its Hugging Face folder instead .*, or a GGUF decoder \(llama,",
     )
     (store / "blobs" / f"sha256-{hashlib.sha256((tmp_path / 'tiny.gguf').read_bytes()).hexdigest()}").unlink()
     with pytest.raises(
