@@ -188,3 +188,22 @@ def test_an_indexs_shares_weigh_the_querys_language():
     assert detect("comprimir una carpeta", {"es": 2890, "ca": 1}) == "es"
     assert detect("make a file executable", {"de": 70, "en": 30}) == "en"
     assert detect("eine Datei ausführbar machen", {"de": 70, "en": 30}) == "de"
+
+
+@pytest.mark.real
+def test_a_new_index_in_languages_its_model_cannot_read_embeds_nothing(tmp_path):
+    """MiniLM and a Japanese corpus: the sample's language decides before any chunk is embedded
+    (hybrid search would answer its queries by keywords alone anyway)."""
+    docs = tmp_path / "ja"
+    docs.mkdir()
+    pages = [text for name, text in PAGES.items() if name.startswith("ja/")]
+    for number in range(300):
+        (docs / f"page{number}.md").write_text(f"{pages[number % 3]}\n\n{pages[(number + 1) % 3]}\n", "utf-8")
+    report = Index.update(
+        [docs], tmp_path / "index", model=installed("minilm"), chunk_tokens=16, progress=False
+    )
+    assert report.sample is not None and report.sample.unread == "minilm reads en only; the sample is ja"
+    assert (report.dense, report.embedded_tokens, report.total_documents) == (False, 0, 300)
+    assert "keeps no vectors" in report.sample.describe_decision() and report.languages == {
+        "ja": report.total_chunks
+    }

@@ -25,6 +25,7 @@ from ragidx.indexer.build.sampling import (
     draw_sample,
     embed_sample,
     tune_sample,
+    unread_sample,
     vectors_help,
 )
 from ragidx.indexer.build.settings import BuildOptions, IndexSettings, resolve
@@ -44,6 +45,7 @@ from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.model.sources import check_same_file, keyword_only_note, resolve_model
 from ragidx.indexer.progress import notice
 from ragidx.indexer.progress import progress as progress_bar
+from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.vector_store import StoreSpec
 from ragidx.indexer.storage.writer import Committed, IndexWriter, NextGeneration
@@ -298,6 +300,8 @@ class DecidedSample:
         figures = ", ".join(
             f"{name} {ndcg[name]:.3f}" for name in ("dense", "lexical", "tuned") if name in ndcg
         )
+        if self.report.unread:
+            return self.report.unread
         verdict = "helped" if self.report.keep_vectors else "added nothing"
         return f"the vectors {verdict} on a sample of {self.report.chunks} chunks (nDCG@10 {figures})"
 
@@ -324,6 +328,11 @@ def _decide_on_sample(
     drawn = draw_sample(documents, chunker, access)
     if not drawn.decides:
         return None
+    unread = unread_sample(settings.model, drawn.records)
+    if unread:
+        report = _unread_report(drawn, unread)
+        notice(report.describe_decision(), options.progress)
+        return DecidedSample(drawn, np.zeros((0, strategy.dimension), np.float32), report)
     vectors, seconds, tokens = embed_sample(drawn, strategy, journal.take, journal.save, options.progress)
     meta = {**settings.to_meta(), "ragidx_version": __version__}
     tuning = tune_sample(drawn.records, vectors, meta, strategy, options.device, options.progress)
@@ -341,6 +350,23 @@ def _decide_on_sample(
     )
     notice(f"{report.describe_sample()}\n{report.describe_decision()}", options.progress)
     return DecidedSample(drawn, vectors, report)
+
+
+def _unread_report(drawn: Sample, unread: str) -> SampleReport:
+    """The decision of a sample whose languages the model cannot read: nothing embedded, no tuning."""
+    rest_bytes = drawn.total_bytes - drawn.sampled_bytes
+    return SampleReport(
+        documents=len(drawn.records),
+        chunks=drawn.chunks,
+        tokens=drawn.tokens,
+        embed_seconds=0.0,
+        embedded_tokens=0,
+        tuning=TuningReport(Fusion(0.0, 1.0), 0, 0.0, reason=unread),
+        keep_vectors=False,
+        rest_documents=len(drawn.rest),
+        rest_tokens=round(drawn.tokens * rest_bytes / max(drawn.sampled_bytes, 1)),
+        unread=unread,
+    )
 
 
 def _reembed(writer: IndexWriter, strategy: Strategy, chunk_ids: np.ndarray, progress: bool) -> np.ndarray:

@@ -30,8 +30,10 @@ from ragidx.indexer.build.tuning import DEFAULT_PSEUDO_QUERIES, TuningReport, tu
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument
+from ragidx.indexer.model.sources import reads_only, unread_languages
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.storage.database import DocumentRecord
+from ragidx.indexer.storage.lexical import document_language
 from ragidx.indexer.storage.writer import IndexWriter
 from ragidx.indexer.strategies import Strategy
 from ragidx.indexer.wording import counted
@@ -102,6 +104,7 @@ class SampleReport:
     keep_vectors: bool
     rest_documents: int
     rest_tokens: int  # estimated from the rest's bytes at the sample's tokens per byte
+    unread: str = ""  # why no vector was embedded: the model reads none of the sample's languages
 
     @property
     def tokens_per_second(self) -> float:
@@ -127,6 +130,13 @@ class SampleReport:
             f", ~{_duration(self.rest_seconds)}" if self.rest_seconds is not None else ""
         )
         rest = counted(self.rest_documents, "other document")
+        if self.unread:
+            return (
+                f"{self.unread}, so this index keeps no vectors (a lexical index: hybrid search is keyword "
+                "search); that saves embedding all "
+                f"{counted(self.documents + self.rest_documents, 'document')} "
+                "(`ragidx build PATH... --dense` adds them anyway; docs/choosing.md#languages)"
+            )
         if self.keep_vectors:
             return f"the vectors help on the sample: embedding the {rest} ({cost})"
         return (
@@ -147,6 +157,7 @@ class SampleReport:
             "rest_documents": self.rest_documents,
             "rest_tokens_estimate": self.rest_tokens,
             "rest_seconds_estimate": None if self.rest_seconds is None else round(self.rest_seconds, 1),
+            "unread": self.unread,
         }
 
 
@@ -177,6 +188,17 @@ def vectors_help(tuning: TuningReport) -> bool:
     lexical = ndcg.get("lexical", 0.0)
     fused = max(ndcg.get("equal", 0.0), ndcg.get("minmax", 0.0))
     return fused > lexical and ndcg.get("dense", 0.0) >= MIN_DENSE_SHARE * lexical
+
+
+def unread_sample(model: str, records: Sequence[DocumentRecord]) -> str:
+    """Why vectors are not worth embedding, where ``model`` (a packaged one that says what it reads)
+    reads none of the sample's languages: its vectors of such text are noise, and hybrid search
+    answers such queries by keywords alone anyway (see the search engine); "" otherwise."""
+    languages = {document_language(chunk.text for chunk in record.chunks[:4]) for record in records}
+    unread = unread_languages(model, sorted(languages))
+    if not languages or len(unread) < len(languages):
+        return ""
+    return f"{reads_only(model)}; the sample is {', '.join(unread)}"
 
 
 def tune_sample(

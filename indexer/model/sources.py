@@ -118,6 +118,11 @@ def unread_languages(model: str, languages: Iterable[str]) -> list[str]:
     return [language for language in languages if language not in packaged.reads]
 
 
+def reads_only(model: str) -> str:
+    """ "minilm reads en only", for a packaged model that says which languages it reads."""
+    return f"{model} reads {' and '.join(sorted(PACKAGED_MODELS[model].reads or ()))} only"
+
+
 def keyword_only_note(model: str, languages: Mapping[str, int]) -> str:
     """One line for an index whose ``languages`` (chunks of each) ``model`` cannot read, else ""."""
     unread = unread_languages(model, languages)
