@@ -57,10 +57,6 @@ ACRONYM_WORDS = 3
 TERMS_BATCH = 500  # chunks analysed and written per executemany
 
 
-def has_cjk(text: str) -> bool:
-    return re.search(CJK, text) is not None
-
-
 def bigrams(run: str) -> list[str]:
     """The overlapping character pairs of a run of CJK characters (a lone character itself)."""
     return [run] if len(run) == 1 else [run[i : i + 2] for i in range(len(run) - 1)]
@@ -119,7 +115,7 @@ def terms(text: str, language: str) -> str:
 def query_terms(query: str, language: str) -> list[str]:
     """The query's terms for ``language``: stop words left out unless nothing else is left, and
     CJK bigrams that are stop words or hold a one-character hiragana stop word (a particle:
-    "ファイルの中" reads ``ファ ァイ イル 中``) likewise; then each word, and each of the
+    "ファイルの中" reads ``ファ ァイ イル``) likewise; then each word, and each of the
     :func:`acronyms` of its capitalised phrases, stemmed. Two words with one stem stay two terms,
     as FTS5 read them before languages (BM25 counts each)."""
     stops = stop_words(language)
@@ -132,7 +128,8 @@ def query_terms(query: str, language: str) -> list[str]:
     if not content_words and not content_pairs:
         content_words, content_pairs = unique, pairs
     spelled = dict.fromkeys([*content_words, *acronyms(query)])
-    return [*(stem(word, language) for word in spelled), *content_pairs]
+    stems = [stemmed for word in spelled if (stemmed := stem(word, language))]  # never an empty phrase
+    return [*stems, *content_pairs]
 
 
 def query_language(query: str, languages: Mapping[str, int]) -> str:
@@ -212,16 +209,15 @@ def fill_terms_table(db: Database) -> None:
         add_document_terms(db, chunks)
 
 
-def add_document_terms(db: Database, chunks: Sequence[tuple[int, str]]) -> str:
-    """Write one document's chunks (id, text) in the language told from them; returns it."""
+def add_document_terms(db: Database, chunks: Sequence[tuple[int, str]]) -> None:
+    """Write one document's chunks (id, text) in the language told from them."""
     if not chunks:
-        return ENGLISH
+        return
     language = document_language(text for _, text in chunks[:4])
     db.conn.executemany(
         f"insert into {TERMS_TABLE} (rowid, terms, language) values (?, ?, ?)",
         ((chunk_id, terms(text, language), language) for chunk_id, text in chunks),
     )
-    return language
 
 
 def remove_terms_rows(db: Database, chunk_ids: Iterable[int]) -> None:
