@@ -6,6 +6,8 @@ keyword search read every text as English and each CJK run as one phrase."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,3 +209,14 @@ def test_a_new_index_in_languages_its_model_cannot_read_embeds_nothing(tmp_path)
     assert "keeps no vectors" in report.sample.describe_decision() and report.languages == {
         "ja": report.total_chunks
     }
+
+
+def test_a_query_on_an_index_in_one_language_loads_no_language_model():
+    """Telling needs py3langid's model (0.4 s to load): a keyword query in a fresh process on an
+    index in one language must not pay for it."""
+    code = (
+        "import sys\nfrom ragidx.indexer.storage.lexical import match_expression\n"
+        "print(match_expression('Wie komprimiere ich eine Datei?', {'de': 3}), 'py3langid' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ['"komprimi"', "OR", '"datei"', "False"]

@@ -111,6 +111,8 @@ def detect(text: str, among: Iterable[str] | Mapping[str, int] = DOCUMENT_LANGUA
     by its count (an index's chunks in it): the detector's probabilities times those shares, so a
     stray chunk told Catalan in a Spanish index does not turn Spanish questions Catalan, while an
     English question in a mostly German index stays English."""
+    if len(set(among)) <= 1:  # an index in one language: nothing to tell, and no model to load
+        return next(iter(among), ENGLISH)
     known = set(_identifier().nb_classes)
     choices = tuple(sorted(set(among) & known)) or (ENGLISH,)
     if len(choices) == 1:
