@@ -215,8 +215,9 @@ def test_a_query_on_an_index_in_one_language_loads_no_language_model():
     """Telling needs py3langid's model (0.4 s to load): a keyword query in a fresh process on an
     index in one language must not pay for it."""
     code = (
-        "import sys\nfrom ragidx.indexer.storage.lexical import match_expression\n"
-        "print(match_expression('Wie komprimiere ich eine Datei?', {'de': 3}), 'py3langid' in sys.modules)"
+        "import sys\nfrom ragidx.indexer.storage.lexical import match_expression, query_language\n"
+        "query = 'Wie komprimiere ich eine Datei?'\n"
+        "print(match_expression(query, query_language(query, {'de': 3})), 'py3langid' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ['"komprimi"', "OR", '"datei"', "False"]

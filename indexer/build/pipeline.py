@@ -336,7 +336,6 @@ def _decide_on_sample(
     vectors, seconds, tokens = embed_sample(drawn, strategy, journal.take, journal.save, options.progress)
     meta = {**settings.to_meta(), "ragidx_version": __version__}
     tuning = tune_sample(drawn.records, vectors, meta, strategy, options.device, options.progress)
-    rest_bytes = drawn.total_bytes - drawn.sampled_bytes
     report = SampleReport(
         documents=len(drawn.records),
         chunks=drawn.chunks,
@@ -346,7 +345,7 @@ def _decide_on_sample(
         tuning=tuning,
         keep_vectors=vectors_help(tuning),
         rest_documents=len(drawn.rest),
-        rest_tokens=round(drawn.tokens * rest_bytes / max(drawn.sampled_bytes, 1)),
+        rest_tokens=drawn.rest_tokens,
     )
     notice(f"{report.describe_sample()}\n{report.describe_decision()}", options.progress)
     return DecidedSample(drawn, vectors, report)
@@ -354,7 +353,6 @@ def _decide_on_sample(
 
 def _unread_report(drawn: Sample, unread: str) -> SampleReport:
     """The decision of a sample whose languages the model cannot read: nothing embedded, no tuning."""
-    rest_bytes = drawn.total_bytes - drawn.sampled_bytes
     return SampleReport(
         documents=len(drawn.records),
         chunks=drawn.chunks,
@@ -364,7 +362,7 @@ def _unread_report(drawn: Sample, unread: str) -> SampleReport:
         tuning=TuningReport(Fusion(0.0, 1.0), 0, 0.0, reason=unread),
         keep_vectors=False,
         rest_documents=len(drawn.rest),
-        rest_tokens=round(drawn.tokens * rest_bytes / max(drawn.sampled_bytes, 1)),
+        rest_tokens=drawn.rest_tokens,
         unread=unread,
     )
 

@@ -70,6 +70,12 @@ class Sample:
     def tokens(self) -> int:
         return sum(chunk.token_count for record in self.records for chunk in record.chunks)
 
+    @property
+    def rest_tokens(self) -> int:
+        """The rest's tokens, estimated from its bytes at the sample's tokens per byte."""
+        rest_bytes = self.total_bytes - self.sampled_bytes
+        return round(self.tokens * rest_bytes / max(self.sampled_bytes, 1))
+
 
 def draw_sample(documents: Sequence[SourceDocument], chunker: Chunker, access: FileAccess) -> Sample:
     """Whole documents in a seeded random order until :data:`SAMPLE_CHUNKS` chunks are drawn (the

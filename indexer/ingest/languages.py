@@ -123,6 +123,7 @@ def detect(text: str, among: Iterable[str] | Mapping[str, int] = DOCUMENT_LANGUA
     return str(max(ranked, key=lambda pair: (float(pair[1]) * among[pair[0]], pair[0]))[0])
 
 
+@functools.cache
 def stemmer_name(language: str) -> str:
     """Snowball's algorithm for ``language``; English's for a language Snowball does not stem
     (the Latin words of a Chinese or Japanese text are most often English ones)."""

@@ -128,9 +128,8 @@ def keyword_only_note(model: str, languages: Mapping[str, int]) -> str:
     unread = unread_languages(model, languages)
     if not unread:
         return ""
-    read = " and ".join(sorted(PACKAGED_MODELS[model].reads or ()))
     parts = ", ".join(f"{language} ({languages[language]} chunks)" for language in unread)
-    return f"{model} reads {read} only: {parts} served by keyword search alone (docs/choosing.md#languages)"
+    return f"{reads_only(model)}: {parts} served by keyword search alone (docs/choosing.md#languages)"
 
 
 def module_folder(module: str) -> Path | None:

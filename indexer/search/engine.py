@@ -24,7 +24,6 @@ from ragidx.indexer.search.hits import Explanation, Hit, Listed
 from ragidx.indexer.search.options import SearchOptions, check_queries
 from ragidx.indexer.search.snippets import make_snippet, query_stems
 from ragidx.indexer.storage.filters import Filters
-from ragidx.indexer.storage.lexical import query_language
 from ragidx.indexer.storage.reader import IndexReader
 
 SNAPSHOT_ATTEMPTS = 5
@@ -149,13 +148,12 @@ class SearchEngine:
         stored = Fusion.of_index(self.meta)
         return replace(options.weights or stored, method=options.fusion or stored.method)
 
-    def _query_fusion(self, query: str, fusion: Fusion, options: SearchOptions) -> Fusion:
+    def _query_fusion(self, language: str, fusion: Fusion, options: SearchOptions) -> Fusion:
         """Keyword search alone for a query in a language the index's model was not trained to
         read (MiniLM and a Japanese question: its vector is noise, and fused in it cost Japanese
         help pages one question of nine, docs/choosing.md#languages), unless the options weigh."""
         if options.weights is not None or not fusion.dense:
             return fusion
-        language = query_language(query, self.reader.languages())
         unread = unread_languages(str(self.meta.get("model")), [language])
         return replace(fusion, dense=0.0, lexical=1.0) if unread else fusion
 
@@ -172,17 +170,26 @@ class SearchEngine:
         self, queries: Sequence[str], options: SearchOptions, vectors: np.ndarray | None
     ) -> list[list[Hit]]:
         fusion = self._fusion(options)
+        languages = [self.reader.query_language(query) for query in queries]  # told once a query
         lists = self._ranked_lists(
-            queries, options.candidates, self._lists(options), options.filters, options.breadth, vectors
+            queries,
+            options.candidates,
+            self._lists(options),
+            options.filters,
+            options.breadth,
+            vectors,
+            languages,
         )
         results = []
-        for query, ranked in zip(queries, lists, strict=True):
-            fused = self._query_fusion(query, fusion, options)
+        for query, language, ranked in zip(queries, languages, lists, strict=True):
+            fused = self._query_fusion(language, fusion, options)
             scored = fused.fuse(ranked) if options.mode == "hybrid" else ranked[options.mode]
             if options.min_score is not None:
                 scored = [(chunk_id, score) for chunk_id, score in scored if score >= options.min_score]
             explained = fused if options.mode == "hybrid" else None
-            results.append(self._hits(query, scored[: options.k], ranked, options.explain, explained))
+            results.append(
+                self._hits(query, language, scored[: options.k], ranked, options.explain, explained)
+            )
         return results
 
     def _ranked_lists(
@@ -193,9 +200,10 @@ class SearchEngine:
         filters: Filters,
         tuning: dict[str, int | None],
         vectors: np.ndarray | None = None,
+        languages: Sequence[str | None] | None = None,
     ) -> list[Ranked]:
         """Per query, the candidates of each of ``lists`` (a list not read is empty: a query is
-        embedded only where the dense list is read)."""
+        embedded only where the dense list is read); ``languages``: the queries', where told."""
         allowed = self.reader.filtered_chunk_ids(filters) if filters else None
         if allowed is not None and not len(allowed):
             return [{"dense": [], "lexical": []} for _ in queries]
@@ -206,9 +214,13 @@ class SearchEngine:
         return [
             {
                 "dense": dense[index] if dense is not None else [],
-                "lexical": self.reader.lexical_search(query, limit, filters) if "lexical" in lists else [],
+                "lexical": (
+                    self.reader.lexical_search(query, limit, filters, language) if "lexical" in lists else []
+                ),
             }
-            for index, query in enumerate(queries)
+            for index, (query, language) in enumerate(
+                zip(queries, languages or [None] * len(queries), strict=True)
+            )
         ]
 
     def _dense_rankings(
@@ -225,6 +237,7 @@ class SearchEngine:
     def _hits(
         self,
         query: str,
+        language: str,
         scored: Sequence[tuple[int, float]],
         ranked: Ranked,
         explain: bool = False,
@@ -238,7 +251,6 @@ class SearchEngine:
             for name, found in ranked.items()
         }
         found = [(chunk_id, score) for chunk_id, score in scored if chunk_id in rows]
-        language = query_language(query, self.reader.languages())
         stems = query_stems(query, language)
         hits = []
         for rank, (chunk_id, score) in enumerate(found, start=1):

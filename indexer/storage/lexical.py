@@ -54,7 +54,6 @@ WORD = f"[^\\W_{CJK_RANGES}]+"
 # Capitalised words in a row that stand for an acronym: three, as in "JSON Web Tokens" or
 # "Server-Sent Events"; two would read "Map Python" in "Map Python classes" as one.
 ACRONYM_WORDS = 3
-TERMS_BATCH = 500  # chunks analysed and written per executemany
 
 
 def bigrams(run: str) -> list[str]:
@@ -139,16 +138,14 @@ def query_language(query: str, languages: Mapping[str, int]) -> str:
     return detect(query, languages) if languages else ENGLISH
 
 
-def match_expression(query: str, languages: Mapping[str, int] | None = None) -> str | None:
-    """The MATCH expression of ``query`` for :data:`TERMS_TABLE`, or None when it has no terms.
+def match_expression(query: str, language: str = ENGLISH) -> str | None:
+    """The MATCH expression of ``query`` in ``language`` for :data:`TERMS_TABLE`, or None when it
+    has no terms.
 
     Every term is quoted (FTS5 syntax in user text is matched as plain words) and the terms are
     OR-ed, as BM25 ranking expects.
     """
-    return (
-        " OR ".join(f'"{term}"' for term in query_terms(query, query_language(query, languages or {})))
-        or None
-    )
+    return " OR ".join(f'"{term}"' for term in query_terms(query, language)) or None
 
 
 def legacy_match_expression(query: str) -> str | None:

@@ -35,6 +35,7 @@ from ragidx.indexer.storage.lexical import (
     chunk_languages,
     legacy_match_expression,
     match_expression,
+    query_language,
     rewrite_chunk_text,
 )
 from ragidx.indexer.storage.location import DB_NAME, no_index
@@ -163,18 +164,23 @@ class IndexReader:
             self.meta = {**self.meta, "languages": chunk_languages(self.db)}
         return dict(self.meta["languages"])
 
+    def query_language(self, query: str) -> str:
+        """The language to analyse ``query`` in, told among the index's (see :func:`query_language`)."""
+        return query_language(query, self.languages())
+
     def lexical_search(
-        self, query: str, limit: int, filters: Filters | None = None
+        self, query: str, limit: int, filters: Filters | None = None, language: str | None = None
     ) -> list[tuple[int, float]]:
         """Chunk ids and BM25 scores (higher is better) from the FTS5 table, best first.
 
         The query's words are each quoted, so FTS5 syntax in user text (quotes, ``*``, ``-``,
         ``NEAR``, parentheses) is matched as plain words and never raises; content words are
         OR-ed, as BM25 ranking expects (see :func:`match_expression`). Filters restrict the match
-        itself, so ``limit`` matching chunks come back whenever that many exist.
+        itself, so ``limit`` matching chunks come back whenever that many exist. ``language``: the
+        query's, where the caller told it already.
         """
         if self.db[TERMS_TABLE].exists():
-            table, match = TERMS_TABLE, match_expression(query, self.languages())
+            table, match = TERMS_TABLE, match_expression(query, language or self.query_language(query))
         elif self.db[LEGACY_TABLE].exists():  # written before languages, until its next build
             table, match = LEGACY_TABLE, legacy_match_expression(query)
         else:
