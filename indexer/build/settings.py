@@ -401,12 +401,12 @@ class Resolution:
         if given.strategy == "auto":
             if not given.rebuild and inherited and inherited.chosen_automatically:
                 return inherited.strategy, inherited.strategy_reason
-            return auto_strategy(runtime.model.config)
+            return auto_strategy(runtime.model.config, runtime.card)
         if given.strategy:
             return given.strategy, "given with --strategy"
         if inherited:
             return inherited.strategy, inherited.strategy_reason
-        return default_strategy(runtime.model.config)
+        return default_strategy(runtime.model.config, runtime.card)
 
     def _strategy(self, name: str, runtime: ModelRuntime) -> Strategy:
         """The strategy with the index's stored parameters (same strategy), overridden by those given."""

@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from ragidx.indexer.cache import cache_dir, read_json_cache, write_json_cache
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import checkpoint
+from ragidx.indexer.model.embedding_card import GGUF_RANK_POOLING
 from ragidx.indexer.model.memory import check_disk
 from ragidx.indexer.model.quiet import quiet_transformers
 from ragidx.indexer.progress import progress
@@ -42,6 +43,8 @@ class GgufHeader:
     architecture: str
     types: frozenset[str]  # the GGML type names of its tensors (F32, Q8_0, Q4_K, ...)
     parameters: int
+    pooling: int = 0  # llama.cpp's pooling type for an embedding model (0: none, a plain decoder)
+    causal: bool = True  # False: an embedder that attends both ways (llama.cpp's attention.causal)
 
 
 def _read_header(path: Path, shown: str) -> GgufHeader:
@@ -50,10 +53,15 @@ def _read_header(path: Path, shown: str) -> GgufHeader:
     try:
         reader = GGUFReader(path)
         field = reader.fields["general.architecture"]
+        architecture = bytes(field.parts[field.data[0]]).decode()
+        pooling = reader.fields.get(f"{architecture}.pooling_type")
+        causal = reader.fields.get(f"{architecture}.attention.causal")
         return GgufHeader(
-            architecture=bytes(field.parts[field.data[0]]).decode(),
+            architecture=architecture,
             types=frozenset(tensor.tensor_type.name for tensor in reader.tensors),
             parameters=sum(int(tensor.n_elements) for tensor in reader.tensors),
+            pooling=int(pooling.contents()) if pooling is not None else 0,
+            causal=bool(causal.contents()) if causal is not None else True,
         )
     except Exception as error:  # the reader raises ValueError, KeyError or IndexError on damage
         raise RagidxError(f"'{shown}' is not a readable GGUF file (truncated or damaged: {error})") from None
@@ -108,8 +116,14 @@ class GgufFile:
             return None
         known = read_json_cache(models_cache() / HEADERS)
         with contextlib.suppress(KeyError, TypeError):
-            entry = known[self.sha256]
-            return GgufHeader(entry["architecture"], frozenset(entry["types"]), int(entry["parameters"]))
+            entry = known[self.sha256]  # one written before a field was added lacks it: read anew
+            return GgufHeader(
+                entry["architecture"],
+                frozenset(entry["types"]),
+                int(entry["parameters"]),
+                int(entry["pooling"]),
+                bool(entry["causal"]),
+            )
         header = _read_header(first, self.shown)
         entry = {**asdict(header), "types": sorted(header.types)}
         write_json_cache(models_cache() / HEADERS, {**known, self.sha256: entry})
@@ -291,6 +305,16 @@ def check_gguf(gguf: GgufFile) -> None:
             f"'{first}' holds a '{header.architecture}' embedding encoder, which ragidx cannot read from "
             "GGUF; give its Hugging Face folder instead (--model FOLDER: BERT, RoBERTa and XLM-RoBERTa "
             f"encoders such as bge-m3), or a GGUF decoder ({', '.join(GGUF_ARCHITECTURES)})"
+        )
+    if header.pooling == GGUF_RANK_POOLING:
+        raise RagidxError(
+            f"'{first}' is a reranker (pooling_type RANK): it scores a query and a passage together "
+            "and gives no embedding; use an embedding model or a decoder"
+        )
+    if not header.causal:
+        raise RagidxError(
+            f"'{first}' is an embedding model that attends both ways (attention.causal false); ragidx "
+            "runs a decoder left to right only, which would read it wrongly"
         )
     if header.architecture not in GGUF_ARCHITECTURES:
         raise RagidxError(

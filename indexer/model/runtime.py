@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast, overload
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.choices import DEVICES, DTYPES
+from ragidx.indexer.model.embedding_card import EmbeddingCard, folder_card, gguf_card
 from ragidx.indexer.model.gguf import is_converted
 from ragidx.indexer.model.half_weights import can_hold_half_weights, hold_half
 from ragidx.indexer.model.held_weights import hold_linear_weights
@@ -177,6 +178,7 @@ class ModelRuntime:
         model_file: dict[str, Any] | None = None,
         precision: str | None = None,
         precision_reason: str = "",
+        card: EmbeddingCard | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -187,6 +189,7 @@ class ModelRuntime:
         # what the weights are held in, as --dtype names it (int8: int8 weights, float32 products)
         self.precision = precision or str(next(model.parameters()).dtype).removeprefix("torch.")
         self.precision_reason = precision_reason  # why --dtype auto gave way to memory ("" if it did not)
+        self.card = card  # how the model's own files say it is read, where it was trained as an embedder
         self.arch = architecture_view(model)
         self.layers_run = 0
         self.layers_available = 0
@@ -485,5 +488,21 @@ def load_runtime(
     model_file = source.gguf.record() if source.gguf else None
     revision = getattr(config, "_commit_hash", None)
     return ModelRuntime(
-        network_model, tokenizer, source.model_id, revision, local, model_file, run_dtype, reason
+        network_model,
+        tokenizer,
+        source.model_id,
+        revision,
+        local,
+        model_file,
+        run_dtype,
+        reason,
+        card=_card(source),
     )
+
+
+def _card(source: ModelSource) -> EmbeddingCard | None:
+    """The embedding card of a GGUF file (its header) or a local sentence-transformers folder."""
+    if source.gguf is not None:
+        return gguf_card(source.gguf.header.pooling) if source.gguf.header else None
+    folder = Path(str(source.location)).expanduser()
+    return folder_card(folder) if folder.is_dir() else None

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.embedding_card import EmbeddingCard
 from ragidx.indexer.model.runtime import ENCODER_TYPES, ModelRuntime
-from ragidx.indexer.strategies.base import COMMON_PARAMS, BatchSettings, Strategy
-from ragidx.indexer.strategies.baselines import LastTokenPooling, MeanPooling
+from ragidx.indexer.strategies.base import COMMON_PARAMS, TEXT_SLOT, BatchSettings, Strategy
+from ragidx.indexer.strategies.baselines import FirstTokenPooling, LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.contrastive import ContrastivePrompting
 from ragidx.indexer.strategies.echo import Echo
 from ragidx.indexer.strategies.kv_embedding import KVEmbedding
@@ -22,6 +23,7 @@ REGISTRY: dict[str, type[Strategy]] = {
     for cls in (
         MeanPooling,
         LastTokenPooling,
+        FirstTokenPooling,
         PromptEOL,
         PretendedCoT,
         KnowledgePrompt,
@@ -91,9 +93,12 @@ def strategy_class(name: str) -> type[Strategy]:
         raise RagidxError(f"unknown strategy '{name}': choose one of {', '.join(REGISTRY)}") from None
 
 
-def default_strategy(config: Any) -> tuple[str, str]:
-    """The strategy for a model of ``config`` when none is given, and why: mean pooling for encoders,
-    the measured best for a packaged decoder, AlignedWVA for other decoders."""
+def default_strategy(config: Any, card: EmbeddingCard | None = None) -> tuple[str, str]:
+    """The strategy for a model of ``config`` when none is given, and why: the pooling an embedding
+    model's own files name (``card``), mean pooling for other encoders, the measured best for a
+    packaged decoder, AlignedWVA for other decoders."""
+    if card is not None:
+        return card.strategy, card.reason
     if config.model_type in ENCODER_TYPES:
         return "mean", "default for encoder models"
     for model, fingerprint, name in MEASURED_DEFAULTS:
@@ -102,18 +107,20 @@ def default_strategy(config: Any) -> tuple[str, str]:
     return DECODER_DEFAULT, "default for decoder models"
 
 
-def auto_strategy(config: Any) -> tuple[str, str]:
+def auto_strategy(config: Any, card: EmbeddingCard | None = None) -> tuple[str, str]:
     """``--strategy auto``: the model's default at every document length. HTP is the papers' choice
     for long documents, but on both packaged decoders the default beat it in dense search on SciFact
     abstracts and on QMSum meetings (10k-13k words), at HTP's 1,024-token chunks, at 256 and with
     whole meetings as input (docs/choosing.md), so no length was found where switching to it pays."""
-    name, reason = default_strategy(config)
+    name, reason = default_strategy(config, card)
+    if card is not None:
+        return name, f"auto: {reason}"
     return name, f"auto: {reason}, also for long documents (htp lost to it on meetings)"
 
 
 def named_or_default(name: str | None, runtime: ModelRuntime) -> str:
     """``name``, or the default strategy of the loaded model when none is given."""
-    return name or default_strategy(runtime.model.config)[0]
+    return name or default_strategy(runtime.model.config, runtime.card)[0]
 
 
 def strategy_from_index(name: str, runtime: ModelRuntime, stored: dict[str, Any], **given: Any) -> Strategy:
@@ -130,4 +137,18 @@ def create_strategy(name: str, runtime: ModelRuntime, **params: Any) -> Strategy
     """
     cls = strategy_class(name)
     common = {key: params.pop(key) for key in COMMON_PARAMS & set(params)}
+    if runtime.card is not None and runtime.card.strategy == name:
+        common = {**card_templates(runtime.card, runtime.tokenizer), **common}
     return cls(runtime, cls.Options.given(params, name), **common)
+
+
+def card_templates(card: EmbeddingCard, tokenizer: Any) -> dict[str, str]:
+    """The templates an embedding model's card asks for: its prompts, and for last-token pooling
+    the end-of-text token it was trained to be read at, where its tokenizer does not append it
+    (a GGUF file without ``add_eos_token``, as Qwen's first Qwen3-Embedding files were)."""
+    ends_itself = tokenizer("a")["input_ids"][-1:] == [tokenizer.eos_token_id]
+    final = tokenizer.eos_token if card.strategy == "last" and tokenizer.eos_token and not ends_itself else ""
+    return {
+        "document_template": card.document_prompt + TEXT_SLOT + final,
+        "query_template": card.query_prompt + TEXT_SLOT + final,
+    }

@@ -37,3 +37,17 @@ class LastTokenPooling(Strategy):
 
     def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
         return last_real_token(self.runtime.forward(batch), batch)
+
+
+class FirstTokenPooling(Strategy):
+    """The final layer's state at the first token, [CLS]: how BGE and other encoders trained with
+    CLS pooling are read (their sentence-transformers files say so)."""
+
+    name = "cls"
+    description = "final-layer state of the first token, [CLS] (encoders trained with CLS pooling)"
+    paper = "baseline (sentence-transformers CLS pooling)"
+    decoder_only = False
+    traceable = True
+
+    def readout(self, batch: Batch, rows: Sequence[PreparedText]) -> torch.Tensor:
+        return self.runtime.forward(batch)[:, 0].float()

