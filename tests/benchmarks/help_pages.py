@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-# Each question accepts the pages (command names) that answer it.
-QUESTIONS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+Questions = list[tuple[str, tuple[str, ...]]]  # each question, and the pages (commands) that answer it
+QUESTIONS: dict[str, Questions] = {
     "es": [
         ("cambiar los permisos de un archivo para que se pueda ejecutar", ("chmod",)),
         ("descomprimir un archivo tar.gz", ("tar",)),
@@ -92,7 +92,7 @@ QUESTIONS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
 
 # Held out (issue 77's acceptance languages): written 2026-11-28 before any search of the Chinese or
 # German pages, judged once, after the code they judge was committed; never tune on them.
-HELD_OUT: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+HELD_OUT: dict[str, Questions] = {
     "zh": [
         ("如何让脚本可以执行", ("chmod",)),
         ("解压一个 tar.gz 压缩包", ("tar",)),
@@ -144,9 +144,12 @@ def ragidx(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*RAGIDX, *args], capture_output=True, text=True, cwd=REPOSITORY)
 
 
-def check(corpus: Path, language: str, index: Path, modes: list[str], extra: list[str]) -> None:
-    present = {page.stem for page in corpus.rglob("*.md")}
-    asked = QUESTIONS.get(language) or HELD_OUT[language]
+def check(
+    corpus: Path, asked: Questions, language: str, index: Path, modes: list[str], extra: list[str]
+) -> None:
+    """Build ``corpus`` and ask each question that one of its pages (a file named after the
+    command) answers, in each mode; print each question's top 3 and the count per mode."""
+    present = {page.stem for page in corpus.rglob("*") if page.is_file()}
     questions = [(q, names) for q, names in asked if present & set(names)]
     started = time.perf_counter()
     built = ragidx("build", str(corpus), "--index", str(index), "--json", *extra)
@@ -176,33 +179,54 @@ def check(corpus: Path, language: str, index: Path, modes: list[str], extra: lis
     print(f"{language} top 3 of {len(questions)}: " + ", ".join(f"{m} {s}" for m, s in scores.items()))
 
 
-def main() -> None:
+def commands(
+    description: str, source: str
+) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argparse.ArgumentParser]:
+    """A parser with ``write SOURCE OUT`` and ``check CORPUS [--index DIR] [--modes ...]``; those
+    two sub-parsers, for options of a benchmark's own."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     writing = sub.add_parser("write")
-    writing.add_argument("pages", type=Path)
+    writing.add_argument(source, type=Path)
     writing.add_argument("out", type=Path)
-    writing.add_argument("--languages", default=",".join(QUESTIONS))
     checking = sub.add_parser("check")
     checking.add_argument("corpus", type=Path)
-    checking.add_argument("--language", required=True, choices=sorted({*QUESTIONS, *HELD_OUT}))
     checking.add_argument("--index", type=Path)
     checking.add_argument("--modes", default="hybrid,dense,lexical")
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if extra or "--" in argv else 0)])
+    return parser, writing, checking
+
+
+def main() -> None:
+    parser, writing, checking = commands(__doc__ or "", "pages")
+    writing.add_argument("--languages", default=",".join(QUESTIONS))
+    checking.add_argument("--language", required=True, choices=sorted({*QUESTIONS, *HELD_OUT}))
+    args, extra = parse_with_build_args(parser)
     if args.command == "write":
         write(args.pages, args.out, args.languages.split(","))
         return
-    modes = args.modes.split(",")
-    if args.index:
-        shutil.rmtree(args.index, ignore_errors=True)
-        check(args.corpus, args.language, args.index, modes, extra)
+    asked = QUESTIONS.get(args.language) or HELD_OUT[args.language]
+    check_in_fresh_index(args.corpus, asked, args.language, args.index, args.modes.split(","), extra)
+
+
+def parse_with_build_args(parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
+    """The arguments before ``--``, and after it the build's own (``-- --no-dense``)."""
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    return parser.parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)]), extra
+
+
+def check_in_fresh_index(
+    corpus: Path, asked: Questions, language: str, index: Path | None, modes: list[str], extra: list[str]
+) -> None:
+    """:func:`check` into ``index`` (emptied first), else into a temporary folder."""
+    if index:
+        shutil.rmtree(index, ignore_errors=True)
+        check(corpus, asked, language, index, modes, extra)
         return
     with tempfile.TemporaryDirectory(prefix="ragidx-help-pages-") as folder:
-        check(args.corpus, args.language, Path(folder) / "index", modes, extra)
+        check(corpus, asked, language, Path(folder) / "index", modes, extra)
 
 
 if __name__ == "__main__":
