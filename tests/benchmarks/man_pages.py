@@ -1,11 +1,12 @@
-"""German manual pages: development data for German keyword search, apart from the help pages
-kept for acceptance (issue 77). Questions a native speaker would type, written 2026-11-28
-before any search of these pages.
+"""Manual pages in German, Chinese and Japanese: development data for those languages apart from
+the help pages kept for acceptance (issue 77). Questions a native speaker would type, written
+2026-11-28 before any search of these pages.
 
 Usage:
-  apt-get download manpages-de          # Debian's German translations (GPL), 438 section-1 pages
-  python -m tests.benchmarks.man_pages write manpages-de_*.deb OUT
-  python -m tests.benchmarks.man_pages check OUT [--index DIR] [--modes ...] [-- BUILD ARGS...]
+  apt-get download manpages-de manpages-zh manpages-ja   # Debian's translations (GPL)
+  python -m tests.benchmarks.man_pages write manpages-de_*.deb OUT --language de
+  python -m tests.benchmarks.man_pages check OUT --language de [--index DIR] [--modes ...]
+      [-- BUILD ARGS...]
 
 ``write`` renders each section-1 page with groff (preconv reading its UTF-8) into ``OUT/NAME.txt``,
 plain UTF-8 text without overstrike; ``check`` is the help pages' (a question counts where an
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from tests.benchmarks.help_pages import Questions, check_in_fresh_index, commands, parse_with_build_args
 
-QUESTIONS: Questions = [
+GERMAN: Questions = [
     ("Dateien nach Änderungsdatum sortiert anzeigen", ("ls", "dir", "vdir")),
     ("Zugriffsrechte einer Datei ändern", ("chmod",)),
     ("Besitzer einer Datei ändern", ("chown",)),
@@ -50,29 +51,88 @@ QUESTIONS: Questions = [
     ("SSH-Schlüsselpaar erzeugen", ("ssh-keygen",)),
     ("Kodierung einer Textdatei umwandeln", ("iconv",)),
 ]
-SECTION = "usr/share/man/de/man1"
+CHINESE: Questions = [
+    ("显示目录中的所有文件", ("ls",)),
+    ("改变文件的访问权限", ("chmod",)),
+    ("修改文件属于哪个用户组", ("chgrp", "chown")),
+    ("查看内存使用情况", ("free",)),
+    ("计算目录占用的磁盘空间", ("du",)),
+    ("显示文件的开头几行", ("head",)),
+    ("删除一个空目录", ("rmdir",)),
+    ("新建一个文件夹", ("mkdir",)),
+    ("把压缩文件解压出来", ("gunzip", "bunzip2", "tar", "zcat")),
+    ("按字母顺序排列文本行", ("sort",)),
+    ("查找系统中的文件", ("find",)),
+    ("在文本中查找匹配的行", ("grep", "egrep", "fgrep")),
+    (
+        "计算文件的校验和",
+        ("md5sum", "sha1sum", "sha256sum", "cksum", "sum", "sha224sum", "sha384sum", "sha512sum", "b2sum"),
+    ),
+    ("重命名或移动文件", ("mv",)),
+    ("查看系统运行了多长时间", ("uptime", "w")),
+    ("设置系统时间和日期", ("date", "timedatectl")),
+    ("终止一个进程", ("kill", "killall")),
+    ("登录远程主机", ("ssh", "rlogin")),
+    ("查看当前登录的用户", ("who", "w", "users")),
+    ("以十六进制显示文件内容", ("xxd", "od")),
+    ("备份 PostgreSQL 数据库", ("pg_dump", "pg_dumpall")),
+    ("定时在某个时间执行命令", ("at",)),
+    ("将文件打包成归档", ("tar", "ar", "cpio")),
+    ("转换文本文件的字符编码", ("iconv",)),
+]
+JAPANESE: Questions = [
+    ("ファイルのアクセス権を変更する", ("chmod", "setfacl")),
+    ("ファイルの所有者を変える", ("chown",)),
+    ("ディレクトリの中身を一覧表示する", ("ls", "dir", "vdir")),
+    ("ディスクの空き容量を調べる", ("df",)),
+    ("実行中のプロセスを表示する", ("ps", "pstree", "pgrep")),
+    ("ファイルの最後の数行を見る", ("tail",)),
+    ("圧縮ファイルを展開する", ("gunzip", "bunzip2", "tar", "xz", "zcat")),
+    ("重複した行を取り除く", ("uniq", "sort")),
+    ("二つのファイルの違いを比較する", ("diff", "cmp", "sdiff", "diff3")),
+    ("空のディレクトリを削除する", ("rmdir",)),
+    ("シンボリックリンクを作成する", ("ln",)),
+    ("ファイルを安全に消去する", ("shred",)),
+    ("文字コードを変換する", ("iconv",)),
+    ("指定した時刻にコマンドを実行する", ("at", "batch")),
+    ("プロセスを名前で終了させる", ("pkill", "killall", "skill")),
+    ("コマンドの実行時間を計る", ("time",)),
+    ("リモートのマシンにログインする", ("rlogin", "telnet", "rsh")),
+    ("ファイルを検索する", ("find", "locate")),
+    ("行数を数える", ("wc",)),
+    ("文字列を置換する", ("sed", "tr")),
+    ("メモリの使用量を表示する", ("free",)),
+    ("システムの稼働時間を表示する", ("uptime", "w")),
+    ("一定時間待つ", ("sleep",)),
+    ("パッチを適用する", ("patch",)),
+]
+QUESTIONS = {"de": GERMAN, "zh": CHINESE, "ja": JAPANESE}
+SECTIONS = {"de": "usr/share/man/de/man1", "zh": "usr/share/man/zh_CN/man1", "ja": "usr/share/man/ja/man1"}
 
 
-def write(package: Path, out: Path) -> None:
+def write(package: Path, out: Path, language: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ragidx-man-") as folder:
         subprocess.run(["dpkg-deb", "-x", str(package), folder], check=True)
-        for page in sorted((Path(folder) / SECTION).glob("*.1.gz")):
+        for page in sorted((Path(folder) / SECTIONS[language]).glob("*.1.gz")):
             source = gzip.decompress(page.read_bytes())
             rendered = subprocess.run(
                 ["groff", "-k", "-Tutf8", "-mandoc", "-P-cbou"], input=source, capture_output=True, check=True
             )
             (out / f"{page.name.removesuffix('.1.gz')}.txt").write_bytes(rendered.stdout)
-    print(f"de: {sum(1 for _ in out.glob('*.txt'))} pages")
+    print(f"{language}: {sum(1 for _ in out.glob('*.txt'))} pages")
 
 
 def main() -> None:
-    parser, _, _ = commands(__doc__ or "", "package")
+    parser, writing, checking = commands(__doc__ or "", "package")
+    for sub in (writing, checking):
+        sub.add_argument("--language", required=True, choices=sorted(QUESTIONS))
     args, extra = parse_with_build_args(parser)
     if args.command == "write":
-        write(args.package, args.out)
+        write(args.package, args.out, args.language)
         return
-    check_in_fresh_index(args.corpus, QUESTIONS, "de", args.index, args.modes.split(","), extra)
+    asked = QUESTIONS[args.language]
+    check_in_fresh_index(args.corpus, asked, args.language, args.index, args.modes.split(","), extra)
 
 
 if __name__ == "__main__":
