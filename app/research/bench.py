@@ -28,7 +28,7 @@ from ragidx.indexer.model.packed_linear import can_pack_linear_weights
 from ragidx.indexer.model.precision import best_flops_per_second, linear_flops_per_second
 from ragidx.indexer.model.runtime import load_runtime, resolve_device, resolve_dtype
 from ragidx.indexer.storage.faiss_module import faiss_module
-from ragidx.indexer.strategies import create_strategy, named_or_default
+from ragidx.indexer.strategies import create_strategy, model_for, named_or_default
 
 if TYPE_CHECKING:
     from ragidx.indexer.model.runtime import ModelRuntime
@@ -324,7 +324,7 @@ class BenchReport:
 
 
 def run_bench(
-    model: str,
+    model: str | None,
     strategies: Sequence[str | None],
     dtypes: Sequence[str],
     device: str,
@@ -335,6 +335,7 @@ def run_bench(
 ) -> BenchReport:
     """Every strategy in every dtype over the same chunks, with the probes and anchors in one run."""
     device = resolve_device(device)
+    model = model or model_for(strategies)
     for dtype in dtypes:
         resolve_dtype(dtype, device)  # a misspelt dtype fails now, not after the probes
     peaks = matmul_peaks(device)

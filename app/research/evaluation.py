@@ -26,7 +26,6 @@ from ragidx.indexer.build.pipeline import build
 from ragidx.indexer.build.settings import build_options
 from ragidx.indexer.build.tuning import TuningReport
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.choices import default_model
 from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.search.fusion import Fusion
@@ -34,6 +33,7 @@ from ragidx.indexer.search.options import MAX_K
 from ragidx.indexer.storage.location import index_exists
 from ragidx.indexer.strategies import (
     create_strategy,
+    model_for,
     named_or_default,
     strategy_class,
 )
@@ -302,7 +302,7 @@ def evaluate_retrieval(
     variant without options).
     """
     options = build_options(**shared)
-    model = options.model or default_model()
+    model = options.model or model_for(v.strategy if isinstance(v, Variant) else v for v in variants)
     report = RetrievalReport(dataset.name, split, len(dataset.corpus), len(dataset.queries), model)
     with tempfile.TemporaryDirectory(prefix="ragidx-eval-") as scratch:
         documents = Path(scratch) / "documents"
@@ -408,14 +408,14 @@ class StsReport:
 def evaluate_sts_variants(
     path: Path,
     pairs: SimilarityPairs,
-    model: str,
+    model: str | None,
     variants: Sequence[Variant],
     device: str = "auto",
     dtype: str = "auto",
     progress: bool = True,
 ) -> StsReport:
     """Spearman × 100 of each variant, all on one loaded model, with a bar over the texts."""
-    runtime = load_runtime(model, device, dtype)
+    runtime = load_runtime(model or model_for(variant.strategy for variant in variants), device, dtype)
     report = StsReport(str(path), len(pairs.gold), runtime.model_id)
     for variant in variants:
         name = named_or_default(variant.strategy, runtime)

@@ -31,6 +31,7 @@ from ragidx.indexer.strategies import (
     auto_strategy,
     create_strategy,
     default_strategy,
+    model_for,
     strategy_class,
     strategy_from_index,
 )
@@ -227,7 +228,13 @@ class Resolution:
 
     @property
     def model(self) -> str:
-        return self.given.model or (self.inherited.model if self.inherited else None) or default_model()
+        inherited = self.inherited.model if self.inherited else None
+        return self.given.model or inherited or model_for([self.given.strategy])
+
+    @property
+    def chose_decoder(self) -> bool:
+        """Whether no model was named and the default decoder was taken for the strategy asked."""
+        return not self.given.model and not self.inherited and self.model != default_model()
 
     @property
     def strategy_asked(self) -> str | None:
@@ -403,6 +410,8 @@ class Resolution:
                 return inherited.strategy, inherited.strategy_reason
             return auto_strategy(runtime.model.config, runtime.card)
         if given.strategy:
+            if self.chose_decoder:
+                return given.strategy, f"given with --strategy, on the default decoder {self.model}"
             return given.strategy, "given with --strategy"
         if inherited:
             return inherited.strategy, inherited.strategy_reason

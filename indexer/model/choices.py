@@ -12,6 +12,9 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 
 
+MODEL_VARIABLE = "RAGIDX_MODEL"
+
+
 def default_model() -> str:
     """``$RAGIDX_MODEL`` (handy for a local folder when offline) or the built-in default."""
-    return os.environ.get("RAGIDX_MODEL") or DEFAULT_MODEL
+    return os.environ.get(MODEL_VARIABLE) or DEFAULT_MODEL

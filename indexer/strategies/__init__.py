@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.choices import DEFAULT_DECODER, MODEL_VARIABLE, default_model
 from ragidx.indexer.model.embedding_card import EmbeddingCard
 from ragidx.indexer.model.runtime import ENCODER_TYPES, ModelRuntime
+from ragidx.indexer.model.sources import PACKAGED_MODELS
 from ragidx.indexer.strategies.base import COMMON_PARAMS, TEXT_SLOT, BatchSettings, Strategy
 from ragidx.indexer.strategies.baselines import FirstTokenPooling, LastTokenPooling, MeanPooling
 from ragidx.indexer.strategies.contrastive import ContrastivePrompting
@@ -56,6 +60,7 @@ __all__ = [
     "auto_strategy",
     "create_strategy",
     "default_strategy",
+    "model_for",
     "named_or_default",
     "strategy_defaults",
     "strategy_from_index",
@@ -91,6 +96,23 @@ def strategy_class(name: str) -> type[Strategy]:
         return REGISTRY[name]
     except KeyError:
         raise RagidxError(f"unknown strategy '{name}': choose one of {', '.join(REGISTRY)}") from None
+
+
+def model_for(strategies: Iterable[str | None]) -> str:
+    """The model to load where none is named: ``$RAGIDX_MODEL``, else the default model, unless a
+    strategy asked needs a decoder, which the default model (an encoder) is not: then the default
+    decoder, so that ``ragidx build ./docs --strategy htp`` works on a fresh install, as the design
+    card writes it (not installed: the one line saying how to install it)."""
+    needing = [name for name in strategies if name in REGISTRY and REGISTRY[name].decoder_only]
+    if not needing or os.environ.get(MODEL_VARIABLE):
+        return default_model()
+    decoder = PACKAGED_MODELS[DEFAULT_DECODER]
+    if decoder.paths() is None:
+        raise RagidxError(
+            f"strategy '{needing[0]}' needs a decoder-only LLM, and the default one, {DEFAULT_DECODER}, "
+            f"is not installed: {decoder.install} (or name one with --model)"
+        )
+    return DEFAULT_DECODER
 
 
 def default_strategy(config: Any, card: EmbeddingCard | None = None) -> tuple[str, str]:
