@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 import ragidx.app as api
 from ragidx import __version__
@@ -84,24 +85,19 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     rest is kept; settings not given are the index's own.
     """
     options["dtype"] = options["dtype"] or "auto"
-    report = api.Index.update(paths, index_dir, **options)
+    try:
+        report = api.Index.update(paths, index_dir, **options)
+    except KeyboardInterrupt:
+        kept = api.Index.pending_build(index_dir) or "nothing it embedded was kept; the index is as it was"
+        click.echo(f"interrupted; {kept}", err=True)
+        raise click.exceptions.Exit(daemon_address.INTERRUPTED) from None
     if as_json:
         print_json(report.to_dict())
         return
     click.echo(report.changes.summary())
     if report.resumed:
         click.echo(report.resumed.describe())
-    counts = (
-        f"{counted(report.documents, 'document')} as {counted(report.chunks, 'chunk')} "
-        f"({counted(report.tokens, 'token')})"
-    )
-    if report.dense:
-        click.echo(
-            f"embedded {counts} in {report.embed_seconds:.1f} s ({report.tokens_per_second:.0f} tokens/s, "
-            f"{report.vectors_per_second:.1f} chunks/s); {report.seconds:.1f} s in all"
-        )
-    else:
-        click.echo(f"indexed {counts} without vectors (a lexical index); {report.seconds:.1f} s in all")
+    click.echo(report.summary())
     dtype = f"{report.dtype}: {report.dtype_reason}" if report.dtype_reason else report.dtype
     click.echo(f"model {report.model} ({dtype}), strategy {report.strategy} ({report.strategy_reason})")
     for key, value in report.strategy_notes.items():
@@ -250,6 +246,12 @@ def query(
         return
     answer = opened.answer({"op": "search", "query": text, "options": given})
     hits = [api.hit_from_dict(hit) for hit in answer["hits"]]
+    if answer.get("pending_build"):
+        click.echo(f"note: {answer['pending_build']}", err=True)
+    asked = click.get_current_context().get_parameter_source("mode") == ParameterSource.COMMANDLINE
+    if asked and hits and hits[0].mode_reason:
+        alone = {"lexical": "keywords", "dense": "vectors"}[hits[0].mode]
+        click.echo(f"note: --mode {given['mode']} searched {alone} alone: {hits[0].mode_reason}", err=True)
     if as_json:
         print_json([hit.to_dict() for hit in hits])
     elif as_jsonl:
@@ -760,7 +762,7 @@ def info(index_dir: Path | None, as_json: bool) -> None:
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
-    for note in (finding, unread):
+    for note in (finding, unread, data.pop("pending_build", None)):
         if note:
             click.echo(f"note: {note}")
 
@@ -806,10 +808,24 @@ def strategies(as_json: bool) -> None:
             click.echo(f"{'':<12} options: {' '.join(map(catalog.flag_of, row['options']))}")
 
 
+def contradicting_flags(args: list[str]) -> str | None:
+    """Both sides of a flag pair (``--dense --no-dense``), which click would settle silently by
+    the last one given; ``--`` ends the options."""
+    given = set(args[: args.index("--")] if "--" in args else args)
+    for flag in sorted(given):
+        if flag.startswith("--no-") and f"--{flag[5:]}" in given:
+            return f"--{flag[5:]} and {flag} contradict each other: give one"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become one line on stderr and a non-zero exit code unless --debug."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("RAGIDX_DEBUG") == "1"
+    contradiction = contradicting_flags(args)
+    if contradiction:
+        click.echo(f"error: {contradiction}", err=True)
+        sys.exit(2)
     try:
         code = cli.main(args=args, prog_name="ragidx", standalone_mode=False)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush

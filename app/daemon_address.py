@@ -70,10 +70,12 @@ def runtime_folder() -> str:
 
 
 def fingerprint() -> str:
-    """What a daemon's answers depend on besides the request: this Python, the ragidx code (the
-    newest modification time of its files) and the environment that changes a model's output.
-    A CRC-32 (``zlib``), not a cryptographic hash: it tells apart the few settings one user's
-    daemons run under, and nobody gains by making two of them collide."""
+    """What a daemon's answers depend on besides the request: this Python (its environment,
+    ``sys.prefix``, and the interpreter it runs, links followed, so that ``python -m ragidx`` and
+    the ``ragidx`` script, whose shebang names ``python3``, share one daemon), the ragidx code (its
+    folder and the newest modification time of its files) and the environment that changes a
+    model's output. A CRC-32 (``zlib``), not a cryptographic hash: it tells apart the few settings
+    one user's daemons run under, and nobody gains by making two of them collide."""
     package = os.path.dirname(ragidx.__file__)
     folders = (package, os.path.join(package, "app"), os.path.join(package, "indexer"))
     newest = max((entry.stat().st_mtime_ns for folder in folders for entry in _py(folder)), default=0)
@@ -82,7 +84,8 @@ def fingerprint() -> str:
         for key, value in os.environ.items()
         if key.startswith(FINGERPRINTED_PREFIXES) and key not in UNFINGERPRINTED
     )
-    seen = json.dumps([ragidx.__version__, sys.executable, newest, settings])
+    python = [sys.prefix, os.path.realpath(sys.executable)]
+    seen = json.dumps([ragidx.__version__, *python, package, newest, settings])
     return f"{zlib.crc32(seen.encode()):08x}"
 
 

@@ -27,13 +27,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ragidx.app.http_jobs import until_done
 from ragidx.app.scheduler import Busy, Job, Scheduler
-from ragidx.app.schemas import validation_detail
+from ragidx.app.schemas import MAX_EMBED_TEXTS, validation_detail
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.roles import Role
 from ragidx.indexer.wording import encodable
 
-MAX_INPUTS = 2048  # OpenAI's own limit on one request's inputs
 MAX_INPUT_CHARS = 100_000  # per input (the strategy truncates to its --max-length in tokens)
+JSON_KINDS = {
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+    dict: "an object",
+    list: "a list",
+}
 ROLE_SUFFIXES: dict[str, Role] = {"-query": "query", "-document": "document"}
 TOKEN_IDS = (
     "ragidx embeds text, not token ids: send strings (LangChain's OpenAIEmbeddings sends token ids "
@@ -216,15 +223,16 @@ def _texts(given: str | list[Any]) -> list[str]:
     texts = [given] if isinstance(given, str) else given
     if not texts:
         raise OpenAIError(400, "input is empty: give a string or a list of strings", "invalid_input", "input")
-    if len(texts) > MAX_INPUTS:
-        raise OpenAIError(
-            400, f"input has {len(texts)} items; at most {MAX_INPUTS} per request", "too_many_inputs", "input"
-        )
-    if any(isinstance(item, int | list) for item in texts):
+    if len(texts) > MAX_EMBED_TEXTS:
+        too_many = f"input has {len(texts)} items; at most {MAX_EMBED_TEXTS} per request"
+        raise OpenAIError(400, too_many, "too_many_inputs", "input")
+    if all(isinstance(item, int) for item in texts) or all(isinstance(item, list) for item in texts):
         raise OpenAIError(400, TOKEN_IDS, "token_ids_not_supported", "input")
-    for item in texts:
+    for number, item in enumerate(texts):
         if not isinstance(item, str):
-            raise OpenAIError(400, "input holds something that is not a string", "invalid_input", "input")
+            kind = JSON_KINDS.get(type(item), "something else")
+            wrong = f"input[{number}] is {kind}, not a string: give a string or a list of strings"
+            raise OpenAIError(400, wrong, "invalid_input", "input")
         if not item.strip():
             raise OpenAIError(400, "input holds an empty string", "invalid_input", "input")
         if not encodable(item):

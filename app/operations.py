@@ -28,7 +28,10 @@ def _options(request: dict[str, Any]) -> SearchOptions:
 
 def _search(served: ServedIndex, request: dict[str, Any], job: Job, event: Event) -> dict[str, Any]:
     hits = served.search(request["query"], _options(request), job)
-    return {"hits": [hit.to_dict() for hit in hits]}
+    return {
+        "hits": [hit.to_dict() for hit in hits],
+        "pending_build": served.index.pending_build(served.index.reader.directory),
+    }
 
 
 def _context(served: ServedIndex, request: dict[str, Any], job: Job, event: Event) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages, refuse_unfitted
 from ragidx.app.generation import ChatEndpoint, Generator, LocalGenerator
+from ragidx.indexer.build.journal import describe_pending, pending
 from ragidx.indexer.build.maintenance import CheckReport, RemoveReport, check, remove
 from ragidx.indexer.build.pipeline import BuildReport, build
 from ragidx.indexer.build.settings import IndexSettings, build_options
@@ -352,10 +353,18 @@ class Index:
             **meta,
             **({"tuning_finding": finding} if finding else {}),
             **({"languages_note": unread} if unread else {}),
+            **({"pending_build": waiting} if (waiting := self.pending_build(self.reader.directory)) else {}),
             **self.reader.counts(),
             "segments": self.reader.vector_parts(),
             "bytes_on_disk": self.reader.bytes_on_disk(),
         }
+
+    @classmethod
+    def pending_build(cls, directory: str | Path | None = None) -> str:
+        """What an interrupted build keeps for the next one to resume ("" where none is pending).
+        A class method: a folder whose first build was interrupted holds no index to open yet."""
+        kept = pending(Path(directory or default_index_dir()))
+        return f"an interrupted build is pending: {describe_pending(kept)}" if kept else ""
 
     def close(self) -> None:
         self.reader.close()

@@ -24,7 +24,7 @@ from ragidx.indexer.storage.filters import FILTER_KINDS, parse_meta
 from ragidx.indexer.wording import encodable, excerpt
 
 MAX_TEXT_CHARS = 20_000
-MAX_EMBED_TEXTS = 256
+MAX_EMBED_TEXTS = 2048  # texts in one embedding request, /embed's and /v1/embeddings' (OpenAI's own limit)
 MAX_WEIGHT = 1e6  # only the ratio of the weights matters
 MAX_CONTEXT_TOKENS = 1_000_000
 

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, 
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -55,6 +55,7 @@ from ragidx.indexer.model.runtime import model_tokenizer
 from ragidx.indexer.roles import Role
 from ragidx.indexer.strategies.base import TEXT_SLOT, render
 from ragidx.indexer.strategies.traced_readout import settle
+from ragidx.indexer.wording import excerpt
 
 MAX_BODY_BYTES = 1_000_000  # default bound on a request body (`ragidx serve --max-body-bytes`)
 ASK_FIELDS = ("max_tokens", "max_new_tokens", "closed_book")  # what an /ask body says besides the search
@@ -71,6 +72,16 @@ OPEN_PATHS = ("/",)  # the search page: static, holds no index data; it sends th
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+def body_only(request: Request) -> None:
+    """A POST takes its options in its JSON body; one in its URL (``POST /search?index=...``)
+    would be ignored, so it is refused, as GET refuses a parameter it does not know."""
+    for name in request.query_params:
+        raise RagidxError(f"unknown parameter {excerpt(name)}: a POST takes its options in its JSON body")
+
+
+BODY_ONLY = [Depends(body_only)]
 
 
 class BodyLimit:
@@ -265,7 +276,7 @@ def create_app(
     def info() -> dict[str, Any]:
         return model.info()
 
-    @app.post("/embed")
+    @app.post("/embed", dependencies=BODY_ONLY)
     async def embed(body: EmbedBody, request: Request) -> dict[str, Any]:
         vectors = await until_done(
             request, scheduler, "embed", lambda job: model.embed(body.texts, body.role, job)
@@ -309,7 +320,7 @@ def add_search_routes(app: FastAPI, index: ServedIndex) -> None:
         found = await until_done(request, index.scheduler, "context", lambda job: dispatch(index, asked, job))
         return dict(found["context"])
 
-    @app.post("/search")
+    @app.post("/search", dependencies=BODY_ONLY)
     async def search(body: SearchBody, request: Request) -> dict[str, Any]:
         return await searched(request, *search_options(body))
 
@@ -318,7 +329,7 @@ def add_search_routes(app: FastAPI, index: ServedIndex) -> None:
         query, given, _ = query_parameters(request.query_params)
         return await searched(request, query, given)
 
-    @app.post("/context")
+    @app.post("/context", dependencies=BODY_ONLY)
     async def context_of(body: ContextBody, request: Request) -> dict[str, Any]:
         query, given = search_options(body)
         return await context(request, query, given, given.pop("max_tokens", DEFAULT_CONTEXT_TOKENS))
@@ -342,7 +353,7 @@ def add_ask_route(app: FastAPI, index: ServedIndex, llm: str | None, llm_url: st
         settings = {name: given.pop(name) for name in ASK_FIELDS if name in given}
         return {**_request("ask", query, given), "ask": {**settings, "llm": llm, "llm_url": llm_url}}
 
-    @app.post("/ask", response_model=None)
+    @app.post("/ask", response_model=None, dependencies=BODY_ONLY)
     async def ask(body: AskBody, request: Request) -> dict[str, Any] | StreamingResponse:
         query, given = search_options(body)
         stream = given.pop("stream", True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,6 +65,19 @@ def test_the_socket_is_private_and_the_switches_keep_it_off(daemon_env, small_in
     assert not (tmp_path / "off" / "ragidx").exists() or not list(
         (tmp_path / "off" / "ragidx").glob("*.sock")
     )
+
+
+def test_python_m_ragidx_and_the_ragidx_script_share_one_daemon(daemon_env, small_index):
+    """The script's shebang names one interpreter (python3), `python -m ragidx` often another name
+    of the same (python, python3.11): one daemon answers them all."""
+    ragidx("query", "tides", "--index", small_index, env=daemon_env)
+    names = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
+    pythons = [path for name in names if (path := Path(sys.executable).with_name(name)).exists()]
+    assert len(pythons) > 1
+    for python in pythons:
+        query = [python, "-m", "ragidx", "query", "tides", "--index", small_index]
+        subprocess.run(query, env=daemon_env, check=True, capture_output=True, timeout=120)
+    assert len(sockets(daemon_env)) == 1
 
 
 def test_the_daemon_stops_when_idle_or_told(daemon_env, small_index):

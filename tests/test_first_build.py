@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ragidx.app import Index
-from ragidx.indexer.build import pipeline
+from ragidx.indexer.build import journal, pipeline
 from ragidx.indexer.build.pipeline import BuildOptions, build
 from ragidx.indexer.build.sampling import SAMPLE_CHUNKS, SAMPLE_GROUP_CHUNKS, vectors_help
 from ragidx.indexer.build.tuning import TuningReport
@@ -168,6 +168,14 @@ def test_a_lexical_index_adds_files_without_the_model_and_gets_vectors_when_aske
         .search("lighthouse keeper late note", k=1, mode="lexical")[0]
         .path.endswith("late.txt")
     )
+    # hybrid asked of a lexical index runs keyword search, and says so: in each hit, and once
+    found = ragidx("query", "lighthouse keeper late note", "--index", index, "--mode", "hybrid", "--json")
+    assert {(hit["mode"], hit["mode_reason"]) for hit in json.loads(found.stdout)} == {
+        ("lexical", "the index keeps no vectors")
+    }
+    assert found.stderr == "note: --mode hybrid searched keywords alone: the index keeps no vectors\n"
+    with pytest.raises(RagidxError, match=r"keeps no vectors \(--no-dense\), and --strategy would add them"):
+        build([corpus], options(tiny_models["llama"], index, strategy="mean"))  # not silently
     with Index.open(index) as opened:
         opened.remove([extra / "late.txt"])
     vectorised = build([corpus], options(tiny_models["llama"], index, dense=True))
@@ -183,24 +191,36 @@ def test_no_dense_is_refused_where_it_would_drop_vectors_or_shape_none(tmp_path,
     both = ragidx("build", "x", "--index", tmp_path / "i", "--model", model, "--no-dense",
                   "--strategy", "mean", check=False)  # fmt: skip
     assert_one_line_error(both, "--no-dense builds no vectors, so --strategy would shape nothing")
+    contradicting = ragidx("build", "x", "--index", tmp_path / "i", "--no-dense", "--dense", check=False)
+    assert_one_line_error(contradicting, "--dense and --no-dense contradict each other: give one")
+    assert contradicting.returncode == 2
 
 
-def test_a_killed_build_resumes_from_its_journal_and_the_previous_index_stays(
+def test_a_build_stopped_by_ctrl_c_says_what_it_kept_and_resumes_while_the_previous_index_answers(
     tmp_path, tiny_models, corpus, dense_index, sample_corpus
 ):
+    """Ctrl-C (SIGINT) after the first journalled group: the build says what it kept and how to
+    resume; query and info on the index say a build is pending, and the old index answers."""
     model, index = tiny_models["llama"], tmp_path / "index"
     flags = ("--model", model, "--index", index, "--dtype", "float32", "--chunk-tokens", CHUNK_TOKENS)
     ragidx("build", sample_corpus, *flags)
     before = ragidx("query", "tides", "--index", index, "--json").stdout
-    killed = ragidx("build", corpus, *flags, "--rebuild", "--dense", "--no-tune", check=False,
-                    env={"RAGIDX_KILL_AT": JOURNAL_KILL_POINT})  # fmt: skip
-    assert killed.returncode == -9 and (index / JOURNAL_NAME).is_file()
-    assert ragidx("query", "tides", "--index", index, "--json").stdout == before  # the old index answers
+    stopped = ragidx("build", corpus, *flags, "--rebuild", "--dense", "--no-tune", check=False,
+                     env={"RAGIDX_INTERRUPT_AT": JOURNAL_KILL_POINT})  # fmt: skip
+    kept = journal.pending(index)
+    assert stopped.returncode == 130 and kept is not None and kept.chunks > 0
+    told = f"{kept.chunks} embedded chunks of {kept.documents} documents are kept ({JOURNAL_NAME}, since "
+    assert stopped.stderr.startswith(f"interrupted; an interrupted build is pending: {told}")
+    assert "the same `ragidx build` resumes from them" in stopped.stderr
+    asked = ragidx("query", "tides", "--index", index, "--json")
+    assert asked.stdout == before  # the old index answers
+    assert asked.stderr.startswith(f"note: an interrupted build is pending: {told}")
+    assert f"note: an interrupted build is pending: {told}" in ragidx("info", "--index", index).stdout
     resumed = json.loads(ragidx("build", corpus, *flags, "--rebuild", "--dense", "--json").stdout)
     done = resumed["resumed"]
     assert 0 < done["chunks"] < resumed["chunks"] and done["documents"] < 400
     assert resumed["embedded_tokens"] == resumed["tokens"] - done["tokens"]
-    assert not (index / JOURNAL_NAME).exists()
+    assert not (index / JOURNAL_NAME).exists() and journal.pending(index) is None
     assert_same_vectors(index, dense_index)
 
 
@@ -218,10 +238,18 @@ def test_a_long_document_is_journalled_in_parts_and_resumes_where_it_stopped(tmp
              "--dense", "--no-tune")  # fmt: skip
     killed = ragidx("build", long, *flags, check=False, env={"RAGIDX_KILL_AT": JOURNAL_KILL_POINT})
     assert killed.returncode == -9 and (index / JOURNAL_NAME).is_file()
-    resumed = json.loads(ragidx("build", long, *flags, "--json").stdout)
-    done = resumed["resumed"]
-    assert done["documents"] == 1 and 0 < done["chunks"] <= whole.chunks // 8
-    assert resumed["embedded_tokens"] == whole.tokens - done["tokens"]
+    resumed = build([long], options(model, index, dense=True, tune=False))
+    done = resumed.resumed
+    assert done.documents == 1 and 0 < done.chunks <= whole.chunks // 8
+    assert resumed.embedded_tokens == whole.tokens - done.tokens
+    # the summary adds up: what was taken and what was embedded make the whole, and the rate is
+    # of what was embedded
+    taken, embedded = done.chunks, whole.chunks - done.chunks
+    assert resumed.summary().startswith(
+        f"indexed 1 document as {whole.chunks} chunks ({whole.tokens} tokens): {taken} chunks taken from "
+        f"the journal, {embedded} embedded ({whole.tokens - done.tokens} tokens) in "
+    )
+    assert resumed.vectors_per_second == pytest.approx(embedded / resumed.embed_seconds)
     assert_same_vectors(index, tmp_path / "whole")
 
 

@@ -246,6 +246,8 @@ def test_openai_clients_get_the_vectors_of_each_role(served):
         client.embeddings.create(model="text-embedding-3-small", input="x")
     with pytest.raises(openai.BadRequestError, match="check_embedding_ctx_length=False"):
         client.embeddings.create(model=name, input=[[101, 2023]])
+    with pytest.raises(openai.BadRequestError, match=r"input\[1\] is a number, not a string: give a string"):
+        client.embeddings.create(model=name, input=["a", 1])
     with pytest.raises(openai.BadRequestError, match=r"dimensions=8 cannot be served"):
         client.embeddings.create(model=name, input="x", dimensions=8)
     with pytest.raises(openai.BadRequestError, match="at most 2048 per request"):

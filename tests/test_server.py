@@ -127,6 +127,13 @@ def test_search_and_embed_answer_as_the_python_api(client, index):
         ("/embed", {"texts": []}, "texts: List should have at least 1 item"),
         ("/embed", {"texts": [1, 2]}, "texts.0: Input should be a valid string"),
         ("/embed", {"texts": ["x"], "role": "doc"}, "role: Input should be 'document' or 'query'"),
+        ("/embed", {"texts": ["x"] * 2049}, "texts: List should have at most 2048 items"),
+        (
+            "/search?index=/elsewhere",
+            {"query": "x"},
+            "unknown parameter 'index': a POST takes its options in",
+        ),
+        ("/embed?role=query", {"texts": ["x"]}, "unknown parameter 'role': a POST takes its options in"),
     ],
 )
 def test_invalid_requests_get_422_with_a_message(client, path, body, message):

@@ -42,8 +42,6 @@ def test_a_query_through_the_daemon_loads_nothing_it_does_not_use(daemon_env, sm
     """The client's imports are the daemon path's whole cost on its side (``python -X importtime``
     shows them): the CLI, the socket and the printing of hits, nothing heavier."""
     query = ["query", "refunds", "--index", str(small_index), "-k", "2"]
-    # the same interpreter path both times: it is part of the daemon's fingerprint, and the
-    # `ragidx` script's (its shebang's python3) would start a second daemon for `python`
     run = [sys.executable, "-c", f"{REPORT}; from ragidx.cli import main; main()", *query]
     first = subprocess.run(run, env=daemon_env, capture_output=True, text=True, timeout=120)
     found = subprocess.run(run, env=daemon_env, capture_output=True, text=True, timeout=120)

@@ -16,6 +16,7 @@ that committed nothing (the writer leaves it when it clears such a build's files
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -73,6 +74,30 @@ class Resumed:
             f"resumed: {self.chunks} chunks of {self.documents} documents ({self.tokens} tokens) embedded by "
             f"an interrupted build ({when}) were taken from its journal, not embedded again"
         )
+
+
+def pending(directory: str | Path) -> Resumed | None:
+    """What an interrupted build left in the journal beside ``directory``'s index, read without
+    writing (None: no journal, or an empty or unreadable one). Its tokens are not recorded."""
+    path = Path(directory) / JOURNAL_NAME
+    if not path.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            counted = "select count(distinct content_hash), coalesce(sum(stop - start), 0), min(saved_at)"
+            documents, chunks, since = db.execute(f"{counted} from parts").fetchone()
+    except sqlite3.Error:
+        return None
+    return Resumed(documents, chunks, since=since) if chunks else None
+
+
+def describe_pending(kept: Resumed) -> str:
+    """What an interrupted build's journal keeps, and how to resume it."""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(kept.since)) if kept.since else "earlier"
+    return (
+        f"{kept.chunks} embedded chunks of {kept.documents} documents are kept ({JOURNAL_NAME}, since "
+        f"{when}): the same `ragidx build` resumes from them; until then the index is as it was"
+    )
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.vector_store import StoreSpec
 from ragidx.indexer.storage.writer import Committed, IndexWriter, NextGeneration
 from ragidx.indexer.strategies import Strategy
+from ragidx.indexer.wording import counted
 
 EMBED_SLICE = 256  # chunks tokenised and embedded per step at most; bounds memory, not results
 # A step also ends at this share of the bytes to embed, so that even a small build is journalled
@@ -102,8 +103,31 @@ class BuildReport:
         return self.store.describe(self.vector_index, self.segments)
 
     @property
+    def embedded_chunks(self) -> int:
+        """Of ``chunks``, those put through the model (not taken from an interrupted build's journal)."""
+        return self.chunks - (self.resumed.chunks if self.resumed else 0)
+
+    @property
     def vectors_per_second(self) -> float:
-        return self.chunks / self.embed_seconds if self.embed_seconds > 0 else 0.0
+        return self.embedded_chunks / self.embed_seconds if self.embed_seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        """What was indexed, embedded and taken from a journal, in one line whose counts add up."""
+        counts = (
+            f"{counted(self.documents, 'document')} as {counted(self.chunks, 'chunk')} "
+            f"({counted(self.tokens, 'token')})"
+        )
+        if not self.dense:
+            return f"indexed {counts} without vectors (a lexical index); {self.seconds:.1f} s in all"
+        rate = f"{self.tokens_per_second:.0f} tokens/s, {self.vectors_per_second:.1f} chunks/s"
+        if not self.resumed:
+            return f"embedded {counts} in {self.embed_seconds:.1f} s ({rate}); {self.seconds:.1f} s in all"
+        taken = f"{counted(self.resumed.chunks, 'chunk')} taken from the journal"
+        if not self.embedded_chunks:
+            return f"indexed {counts}: all {taken}, none embedded; {self.seconds:.1f} s in all"
+        embedded = f"{self.embedded_chunks} embedded ({counted(self.embedded_tokens, 'token')})"
+        timing = f"in {self.embed_seconds:.1f} s ({rate}); {self.seconds:.1f} s in all"
+        return f"indexed {counts}: {taken}, {embedded} {timing}"
 
     @property
     def tokens_per_second(self) -> float:

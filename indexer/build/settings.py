@@ -480,6 +480,11 @@ class Resolution:
             raise RagidxError(
                 "the index keeps vectors; pass --rebuild with --no-dense to make it a lexical index"
             )
+        if given.dense is None and not stored.dense and self.vector_options:
+            raise RagidxError(
+                f"the index keeps no vectors ({stored.dense_reason or 'a lexical index'}), and "
+                f"{', '.join(self.vector_options)} would add them: pass --dense too to embed its chunks"
+            )
         shown = []
         if given.model and canonical_model_id(given.model) != stored.model:
             shown.append(f"model {stored.model!r} -> {canonical_model_id(given.model)!r}")

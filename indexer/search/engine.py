@@ -148,14 +148,22 @@ class SearchEngine:
         stored = Fusion.of_index(self.meta)
         return replace(options.weights or stored, method=options.fusion or stored.method)
 
-    def _query_fusion(self, language: str, fusion: Fusion, options: SearchOptions) -> Fusion:
-        """Keyword search alone for a query in a language the index's model was not trained to
-        read (MiniLM and a Japanese question: its vector is noise, and fused in it cost Japanese
-        help pages one question of nine, docs/choosing.md#languages), unless the options weigh."""
-        if options.weights is not None or not fusion.dense:
-            return fusion
-        unread = unread_languages(str(self.meta.get("model")), [language])
-        return replace(fusion, dense=0.0, lexical=1.0) if unread else fusion
+    def _query_fusion(self, language: str, fusion: Fusion, options: SearchOptions) -> tuple[Fusion, str]:
+        """The fusion for one query, and why it reads one list alone ("" where it reads both).
+        Keyword search alone for a query in a language the index's model was not trained to read
+        (MiniLM and a Japanese question: its vector is noise, and fused in it cost Japanese help
+        pages one question of nine, docs/choosing.md#languages), unless the options weigh."""
+        model = self.meta.get("model")
+        if options.weights is None and fusion.dense and unread_languages(str(model), [language]):
+            keywords = replace(fusion, dense=0.0, lexical=1.0)
+            return keywords, f"{model} does not read the query's language ({language})"
+        if len(fusion.searched()) == 2:
+            return fusion, ""
+        if not self.meta.get("dense", True):
+            return fusion, "the index keeps no vectors"
+        if options.weights:
+            return fusion, "the weights given weigh the other list 0"
+        return fusion, "the index's fusion weighs the other list 0"
 
     def embeds_queries(self, options: SearchOptions) -> bool:
         """Whether a search with ``options`` embeds its queries: it reads the dense list (its
@@ -182,14 +190,16 @@ class SearchEngine:
         )
         results = []
         for query, language, ranked in zip(queries, languages, lists, strict=True):
-            fused = self._query_fusion(language, fusion, options)
+            fused, alone = self._query_fusion(language, fusion, options)
             scored = fused.fuse(ranked) if options.mode == "hybrid" else ranked[options.mode]
             if options.min_score is not None:
                 scored = [(chunk_id, score) for chunk_id, score in scored if score >= options.min_score]
-            explained = fused if options.mode == "hybrid" else None
-            results.append(
-                self._hits(query, language, scored[: options.k], ranked, options.explain, explained)
+            hybrid = options.mode == "hybrid"
+            ran = (fused.searched()[0] if alone else "hybrid") if hybrid else options.mode
+            hits = self._hits(
+                query, language, scored[: options.k], ranked, options.explain, fused if hybrid else None
             )
+            results.append([replace(hit, mode=ran, mode_reason=alone if hybrid else "") for hit in hits])
         return results
 
     def _ranked_lists(

@@ -30,6 +30,11 @@ class Hit:
     lexical_rank: int | None = None
     pages: list[int] | None = None  # PDFs: the 1-based pages the chunk's span touches
     explain: Explanation | None = None  # with ``explain``: how each list and the fusion scored it
+    # The mode the search ran in: the one asked, or the one list a hybrid search read, and why
+    # ("" where it ran as asked): a lexical index, a fusion that weighs vectors 0, a query in a
+    # language the index's model does not read.
+    mode: str = ""
+    mode_reason: str = ""
 
     @property
     def page(self) -> int | None:
@@ -93,6 +98,8 @@ def hit_from_dict(found: dict[str, Any]) -> Hit:
         lexical_rank=found["lexical_rank"],
         pages=found["pages"],
         explain=_explanation(explain) if explain else None,
+        mode=found.get("mode", ""),
+        mode_reason=found.get("mode_reason", ""),
     )
 
 

@@ -20,7 +20,13 @@ def default_index_dir() -> Path:
 
 
 def no_index(directory: Path) -> RagidxError:
-    """The one error for a folder holding no committed index (none yet, or a first build running)."""
+    """The one error for a folder holding no committed index (none yet, a first build running, or
+    one interrupted, whose journal the next build resumes from)."""
+    if (Path(directory) / JOURNAL_NAME).is_file():
+        return RagidxError(
+            f"no index at {directory}: its first build has not completed; what it embedded is kept "
+            f"({JOURNAL_NAME}), and the same `ragidx build` resumes from it if it was interrupted"
+        )
     return RagidxError(
         f"no index at {directory}: no build has completed there "
         "(run `ragidx build PATH` first, or pass --index DIR)"
