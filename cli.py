@@ -414,6 +414,8 @@ def models(context: click.Context, as_json: bool) -> None:
         click.echo(f"{row['name']}: {row['architecture'] or 'unknown'} ({size}{row['bytes'] / 1e9:.1f} GB)")
         if row["usable"]:
             click.echo(f"    {row['path']}{_converted(row['converted'])}")
+            if row["embedding"]:
+                click.echo(f"    an embedding model, read with {row['embedding']}")
         else:
             click.echo(f"    cannot be used: {row['why_not']}")
 

@@ -33,7 +33,11 @@ def forwardable(argv: list[str]) -> bool:
 def forwarded(argv: list[str]) -> int | None:
     """Hand ``argv`` with this process's standard streams, folder and environment to the running
     command server and return the command's exit status; None where no server took it (none
-    runs, or it could not receive the command), so it runs here."""
+    runs, or it could not receive the command), so it runs here. A standard stream closed when
+    this process started cannot be handed over (Python then sets it to None, and its number is
+    free for the next file opened here: the socket to the server would go in its place)."""
+    if None in (sys.stdin, sys.stdout, sys.stderr):
+        return None
     try:
         path = daemon_address.command_socket_path(daemon_address.socket_path())
         request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}

@@ -94,12 +94,17 @@ def test_ragidx_models_lists_what_it_can_and_cannot_run(store, tmp_path):
     add_model(store, "tiny:latest", write_gguf(tmp_path / "tiny.gguf"))
     add_model(store, "nomic-embed-text:latest", write_gguf(tmp_path / "bert.gguf", "nomic-bert"))
     add_model(store, "templates-only:latest", None)
+    add_model(store, "qwen3-embedding:0.6b", write_gguf(tmp_path / "qwen3.gguf", "qwen3", pooling=3))
     rows = [row for row in json.loads(ragidx("models", "--json").stdout) if row["source"] == "ollama"]
     by_name = {row["name"]: row for row in rows}
     assert sorted(by_name) == [
         "ollama:nomic-embed-text:latest",
+        "ollama:qwen3-embedding:0.6b",
         "ollama:tiny:latest",
     ]  # no weights: not listed
+    read_as = "last pooling with its query instruction, from its GGUF header (pooling_type LAST)"
+    assert by_name["ollama:qwen3-embedding:0.6b"]["embedding"] == read_as
+    assert by_name["ollama:tiny:latest"]["embedding"] is None
     assert (
         by_name["ollama:tiny:latest"]["usable"] and by_name["ollama:tiny:latest"]["architecture"] == "llama"
     )
@@ -109,6 +114,7 @@ def test_ragidx_models_lists_what_it_can_and_cannot_run(store, tmp_path):
     assert (
         "ollama:tiny:latest: llama" in shown
         and "cannot be used: 'ollama:nomic-embed-text:latest' holds" in shown
+        and f"    an embedding model, read with {read_as}\n" in shown
     )
 
 

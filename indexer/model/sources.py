@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.model.embedding_card import gguf_card
 from ragidx.indexer.model.gguf import GgufFile, check_gguf, converted_folder, is_converted
 from ragidx.indexer.model.ollama import PREFIX as OLLAMA_PREFIX
 from ragidx.indexer.model.ollama import OllamaName, find_ollama_model, is_ollama_name, list_ollama_models
@@ -284,6 +285,7 @@ def ollama_model_rows() -> list[dict[str, Any]]:
             usable, reason = True, ""
         except RagidxError as error:
             usable, reason = False, str(error)
+        card = gguf_card(header.pooling) if header else None
         rows.append(
             {
                 "source": "ollama",
@@ -294,6 +296,7 @@ def ollama_model_rows() -> list[dict[str, Any]]:
                 "parameters": header.parameters if header else None,
                 "usable": usable,
                 "why_not": reason,
+                "embedding": card.reason if card and usable else None,  # how its own header says to read it
                 "converted": is_converted(gguf),
             }
         )
