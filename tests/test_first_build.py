@@ -20,6 +20,7 @@ from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.faults import JOURNAL_KILL_POINT
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.location import JOURNAL_NAME
+from ragidx.indexer.wording import counted
 from tests.support.cli import assert_one_line_error, ragidx
 from tests.support.index_files import stored_vectors
 
@@ -209,7 +210,7 @@ def test_a_build_stopped_by_ctrl_c_says_what_it_kept_and_resumes_while_the_previ
                      env={"RAGIDX_INTERRUPT_AT": JOURNAL_KILL_POINT})  # fmt: skip
     kept = journal.pending(index)
     assert stopped.returncode == 130 and kept is not None and kept.chunks > 0
-    told = f"{kept.chunks} embedded chunks of {kept.documents} documents are kept ({JOURNAL_NAME}, since "
+    told = f"it kept {counted(kept.chunks, 'embedded chunk')} of {counted(kept.documents, 'document')} ("
     assert stopped.stderr.startswith(f"interrupted; an interrupted build is pending: {told}")
     assert "the same `ragidx build` resumes from them" in stopped.stderr
     asked = ragidx("query", "tides", "--index", index, "--json")

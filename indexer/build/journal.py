@@ -32,6 +32,7 @@ from ragidx.indexer.build.embedding import Part
 from ragidx.indexer.faults import JOURNAL_KILL_POINT, checkpoint
 from ragidx.indexer.storage.database import DocumentRecord
 from ragidx.indexer.storage.location import JOURNAL_NAME
+from ragidx.indexer.wording import counted
 
 # What a vector depends on, among an index's settings: a journal written under others is stale.
 FINGERPRINT_KEYS = (
@@ -95,8 +96,9 @@ def describe_pending(kept: Resumed) -> str:
     """What an interrupted build's journal keeps, and how to resume it."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(kept.since)) if kept.since else "earlier"
     return (
-        f"{kept.chunks} embedded chunks of {kept.documents} documents are kept ({JOURNAL_NAME}, since "
-        f"{when}): the same `ragidx build` resumes from them; until then the index is as it was"
+        f"it kept {counted(kept.chunks, 'embedded chunk')} of {counted(kept.documents, 'document')} "
+        f"({JOURNAL_NAME}, since {when}): the same `ragidx build` resumes from them; until then the "
+        "index is as it was"
     )
 
 
