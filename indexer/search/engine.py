@@ -196,10 +196,11 @@ class SearchEngine:
                 scored = [(chunk_id, score) for chunk_id, score in scored if score >= options.min_score]
             hybrid = options.mode == "hybrid"
             ran = (fused.searched()[0] if alone else "hybrid") if hybrid else options.mode
-            hits = self._hits(
-                query, language, scored[: options.k], ranked, options.explain, fused if hybrid else None
+            ran_as = (ran, alone if hybrid else "")
+            explained = fused if hybrid else None
+            results.append(
+                self._hits(query, language, scored[: options.k], ranked, ran_as, options.explain, explained)
             )
-            results.append([replace(hit, mode=ran, mode_reason=alone if hybrid else "") for hit in hits])
         return results
 
     def _ranked_lists(
@@ -250,11 +251,13 @@ class SearchEngine:
         language: str,
         scored: Sequence[tuple[int, float]],
         ranked: Ranked,
+        ran_as: tuple[str, str],
         explain: bool = False,
         fusion: Fusion | None = None,
     ) -> list[Hit]:
-        """The scored chunks as hits, joined with their rows; ``explain`` adds each one's place in
-        both lists and, for ``fusion`` (hybrid search), the method and weights that fused them."""
+        """The scored chunks as hits, joined with their rows, each with the mode the search ran in
+        and why (``ran_as``); ``explain`` adds each one's place in both lists and, for ``fusion``
+        (hybrid search), the method and weights that fused them."""
         rows = self.reader.chunk_rows([chunk_id for chunk_id, _ in scored])
         listed = {
             name: {chunk_id: Listed(rank, score) for rank, (chunk_id, score) in enumerate(found, start=1)}
@@ -286,6 +289,8 @@ class SearchEngine:
                     lexical_rank=lexical.rank if lexical else None,
                     pages=row["pages"],
                     explain=explanation,
+                    mode=ran_as[0],
+                    mode_reason=ran_as[1],
                 )
             )
         return hits
