@@ -5,7 +5,7 @@ search does best with the vectors weighted 0 (keyword search alone): a newcomer'
 of package READMEs went entirely into vectors no search read. So a new index (or a ``--rebuild``)
 whose options do not ask for vectors embeds a sample first: whole documents drawn in a seeded
 random order until :data:`SAMPLE_CHUNKS` chunks, spread over the corpus. The sample becomes a
-temporary index, tuned on as many pseudo-queries as a whole index is (:mod:`.tuning`). Unless the
+temporary index, tuned on up to 100 pseudo-queries (:mod:`.tuning`). Unless the
 vectors earn their cost there (:func:`vectors_help`: fused at equal weights above keyword search
 alone, the dense list near it), the build keeps a lexical index and says what it saved; otherwise it
 says what the rest will cost and embeds it, the sample's vectors included as they are.
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ragidx.indexer.build.embedding import Part, embed_records, read_record
-from ragidx.indexer.build.tuning import DEFAULT_PSEUDO_QUERIES, TuningReport, tune_and_store
+from ragidx.indexer.build.tuning import SAMPLE_PSEUDO_QUERIES, TuningReport, tune_and_store
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument
@@ -223,7 +223,7 @@ def tune_sample(
         IndexWriter(Path(folder) / "index") as writer,
     ):
         writer.commit(records, vectors, meta)
-        return tune_and_store(writer, strategy, min(DEFAULT_PSEUDO_QUERIES, chunks), device, progress)
+        return tune_and_store(writer, strategy, min(SAMPLE_PSEUDO_QUERIES, chunks), device, progress)
 
 
 def _groups(records: Sequence[DocumentRecord]) -> list[list[DocumentRecord]]:

@@ -45,7 +45,9 @@ if TYPE_CHECKING:
     from ragidx.indexer.storage.writer import IndexWriter
     from ragidx.indexer.strategies import Strategy
 
-DEFAULT_PSEUDO_QUERIES = 100  # each costs one query and one document embedding
+# Each costs one query and one document embedding; half choose the fusion, half confirm it.
+DEFAULT_PSEUDO_QUERIES = 200
+SAMPLE_PSEUDO_QUERIES = 100  # a new index's sample (see sampling.py) weighs vectors on all of them
 # A build tunes on at most this share of its index's chunks in pseudo-queries: each costs about
 # one chunk's embedding (its remainder, and the short query), so tuning takes about this share of
 # what embedding the index took, searches included (0.22-0.23 measured; 100 pseudo-queries took
@@ -62,6 +64,10 @@ DENSE_WEIGHTS = tuple(round(float(w), 2) for w in np.linspace(0.0, 1.0, 21))
 SEED = 0
 SCAN_FACTOR = 10  # chunks read per query wanted, at most (most chunks have a usable sentence)
 MIN_GAIN_Z = 2.0  # how clearly a weight must beat a simpler one (see choose_weight)
+# Equal weights lean to the dense list, weighing it this, where on the pseudo-queries it reaches this
+# share of keyword search's nDCG@10: lifted from the text, they share its words as people's
+# questions often do not, and underrate the dense list (see docs/hybrid-search.md#questions-people-ask).
+LEANING_DENSE, LEAN_SHARE = 0.7, 0.9
 RETUNE_CHANGE = 0.1  # an incremental build retunes once the chunk count moved this much
 NO_VECTORS_WEIGHT = 0.05  # a tuned dense weight at or below this: the vectors were switched off
 WORD = re.compile(r"\w+")
@@ -92,6 +98,7 @@ class TuningReport:
     grid: dict[str, float] = field(default_factory=dict)
     reason: str = ""
     level: Level = "documents"
+    confirmation: str = ""  # how the fusion held on the half of the pseudo-queries it was not chosen on
 
     def to_meta(self) -> dict[str, Any]:
         return {
@@ -104,6 +111,7 @@ class TuningReport:
             "seconds": round(self.seconds, 2),
             "chunks": self.chunks,
             "reason": self.reason,
+            "confirmation": self.confirmation,
         }
 
     @classmethod
@@ -118,6 +126,7 @@ class TuningReport:
             dict(stored.get("grid", {})),
             str(stored.get("reason", "")),
             stored.get("answers", "documents"),
+            str(stored.get("confirmation", "")),
         )
 
     def finding(self) -> str | None:
@@ -138,9 +147,10 @@ class TuningReport:
             return f"{head}, not tuned: {self.reason}"
         figures = ", ".join(f"{name} {value:.3f}" for name, value in self.ndcg.items())
         answers = "" if self.level == "documents" else f" answered by {self.level}"
+        confirmation = f"; {self.confirmation}" if self.confirmation else ""
         return (
             f"{head}, tuned on {self.queries} pseudo-queries{answers} in {self.seconds:.1f} s"
-            f" (nDCG@10 {figures})"
+            f" (nDCG@10 {figures}{confirmation})"
         )
 
 
@@ -267,12 +277,11 @@ def tune(
         )
 
     scores = {weight: per_query(Fusion(weight, 1.0 - weight)) for weight in DENSE_WEIGHTS}
+    minmax = {weight: per_query(_minmax(weight)) for weight in (0.5, LEANING_DENSE)}
+    fusion, confirmation = choose_fusion(scores, minmax)
     grid = {weight: float(values.mean()) for weight, values in scores.items()}
-    best = choose_weight(scores)
-    balanced = float(per_query(Fusion(method="minmax")).mean())
-    method = "minmax" if best == 0.5 and balanced >= grid[0.5] else "rrf"
     return TuningReport(
-        Fusion(best, round(1.0 - best, 2), method),
+        fusion,
         len(queries),
         time.perf_counter() - started,
         counts["chunks"],
@@ -280,18 +289,85 @@ def tune(
             "dense": grid[1.0],
             "lexical": grid[0.0],
             "equal": grid[0.5],
-            "minmax": balanced,
-            "tuned": balanced if method == "minmax" else grid[best],
+            "minmax": float(minmax[0.5].mean()),
+            "tuned": float(_per_query(fusion, scores, minmax).mean()),
         },
         grid={f"{weight:g}": value for weight, value in grid.items()},
         level=level,
+        confirmation=confirmation,
     )
 
 
+def choose_fusion(rrf: Mapping[float, np.ndarray], minmax: Mapping[float, np.ndarray]) -> tuple[Fusion, str]:
+    """The fusion to store, from each candidate's per-query scores (``rrf``: every grid weight;
+    ``minmax``: at 0.5 and :data:`LEANING_DENSE`), and a few words on how it was chosen.
+
+    A weight is chosen on one half of the pseudo-queries (:func:`choose_weight`). One that beat
+    equal weights clearly there is confirmed on the other half: it is kept unless it clearly loses
+    to the better single list there (a noisy loss is what lifted pseudo-queries, which favour
+    keyword search, hand a blend that real questions would not). Equal weights, chosen for want of
+    evidence, are compared with the better single list on all the pseudo-queries instead, and kept
+    only where they score higher (a tie goes to the single list: it searches one list). Equal weights
+    kept lean to the dense list where it keeps up with keyword search (:data:`LEAN_SHARE`)."""
+    count = len(rrf[0.5])
+    chosen_on, confirmed_on, every = np.arange(0, count, 2), np.arange(1, count, 2), np.arange(count)
+    weight = choose_weight({w: values[chosen_on] for w, values in rrf.items()})
+    if weight != 0.5:
+        candidate, rival = Fusion(weight, round(1.0 - weight, 2)), _better_single(rrf, confirmed_on)
+        gain = rrf[weight][confirmed_on] - _per_query(rival, rrf, minmax)[confirmed_on]
+        halves = f"{_named(candidate)}, chosen on {len(chosen_on)} of them"
+        if not _clearly_better(-gain, np.zeros_like(gain)):
+            return candidate, f"{halves}, held on the other {len(confirmed_on)}"
+        how = f"{halves}, lost to {_named(rival)} on the other {len(confirmed_on)} ({gain.mean():+.3f})"
+    else:
+        how = f"no weight beat equal weights clearly on {len(chosen_on)} of them"
+    equal, single = _equal(rrf, minmax, every), _better_single(rrf, every)
+    if _per_query(equal, rrf, minmax).mean() <= _per_query(single, rrf, minmax).mean():
+        return single, f"{how}; {_named(single)} scored at least {_named(equal)} on all of them"
+    share = rrf[1.0].mean() / max(rrf[0.0].mean(), 1e-9)
+    if share < LEAN_SHARE:
+        return equal, f"{how}; {_named(equal)} beat {_named(single)} on all of them"
+    leaning = Fusion(LEANING_DENSE, round(1.0 - LEANING_DENSE, 2), equal.method)
+    return leaning, (
+        f"{how}; {_named(equal)} beat {_named(single)} on all of them, weighed {LEANING_DENSE:g} to the "
+        f"dense list, which reached {share:.2f} of keyword search's nDCG on them"
+    )
+
+
+def _equal(rrf: Mapping[float, np.ndarray], minmax: Mapping[float, np.ndarray], rows: np.ndarray) -> Fusion:
+    """Both lists trusted alike: min-max score fusion where it scores at least RRF on the ``rows``
+    (it keeps how far apart the scores are), else RRF."""
+    return _minmax(0.5) if minmax[0.5][rows].mean() >= rrf[0.5][rows].mean() else Fusion(0.5, 0.5)
+
+
+def _better_single(rrf: Mapping[float, np.ndarray], rows: np.ndarray) -> Fusion:
+    """The dense or the lexical list alone, whichever scores higher on ``rows`` (a tie: lexical,
+    which costs no query embedding)."""
+    return Fusion(1.0, 0.0) if rrf[1.0][rows].mean() > rrf[0.0][rows].mean() else Fusion(0.0, 1.0)
+
+
+def _minmax(dense: float) -> Fusion:
+    return Fusion(dense, round(1.0 - dense, 2), "minmax")
+
+
+def _per_query(
+    fusion: Fusion, rrf: Mapping[float, np.ndarray], minmax: Mapping[float, np.ndarray]
+) -> np.ndarray:
+    """A candidate fusion's per-query scores (a single list's are RRF's at its weight)."""
+    dense = fusion.normalised().dense
+    return minmax[dense] if fusion.method == "minmax" and dense not in (0.0, 1.0) else rrf[dense]
+
+
+def _named(fusion: Fusion) -> str:
+    dense = fusion.normalised().dense
+    if dense in (0.0, 1.0):
+        return "the dense list alone" if dense else "keyword search alone"
+    return f"{fusion.method} at dense {dense:g}"
+
+
 def choose_weight(scores: Mapping[float, np.ndarray]) -> float:
-    """The dense weight to store, from each weight's per-query RRF scores: simple unless shown
-    otherwise. (At 0.5, :func:`tune` then keeps RRF or min-max fusion, whichever scores higher:
-    with both lists trusted alike, min-max keeps how far apart the scores are.)
+    """The dense weight the pseudo-queries' RRF scores make a case for, from each weight's
+    per-query scores: simple unless shown otherwise (:func:`choose_fusion` then confirms it).
 
     The best weight on average must beat equal weights by ``MIN_GAIN_Z`` standard errors of the
     per-query difference, else equal weights stay (a strong encoder: both lists about as good).

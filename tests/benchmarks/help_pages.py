@@ -9,9 +9,10 @@ Usage:
 ``PAGES`` is a checkout of the public tldr-pages repository (its ``pages.LANG/`` folders);
 ``write`` copies each development language's ``common`` and ``linux`` pages into ``OUT/LANG``
 (Korean: only the pages Spanish has too, plus the pages that answer a question: the whole set is
-four times the others). Chinese and German pages of that set are kept for acceptance (issue 77):
-never tune on them; ``HELD_OUT`` has twelve questions for each, judged once (``write PAGES OUT
---languages zh,de`` copies their pages too). ``check`` builds ``CORPUS`` into a fresh index (the
+four times the others). Chinese and German pages of that set are kept for acceptance (issue 77),
+and English ones (issue 78): never tune on them; ``HELD_OUT`` has twelve questions for Chinese and
+German, fifteen for English, judged once (``write PAGES OUT --languages zh,de,en`` copies their pages
+too). ``check`` builds ``CORPUS`` into a fresh index (the
 defaults unless BUILD ARGS say otherwise), then asks the language's questions that its corpus can
 answer in each mode: a question counts where an accepted page is in the top 3.
 """
@@ -121,6 +122,28 @@ HELD_OUT: dict[str, Questions] = {
         ("die Zeilen einer Datei zählen", ("wc",)),
         ("einen Prozess über seinen Namen beenden", ("pkill", "killall")),
     ],
+    # Issue 78's acceptance (English pages, ``pages/``), written 2026-11-28 before any search of
+    # them, the issue's three examples first; judged once, after the judge they test was committed.
+    "en": [
+        ("make a file executable", ("chmod",)),
+        ("extract a compressed tarball archive", ("tar",)),
+        (
+            "show the differences between two files line by line",
+            ("diff", "sdiff", "vimdiff", "colordiff", "delta", "cmp", "comm", "difft"),
+        ),
+        ("search for a word in every file of a folder", ("grep", "rg", "ag", "ack")),
+        ("how much disk space is free", ("df", "duf", "pydf")),
+        ("copy a file to a remote server over ssh", ("scp", "rsync", "sftp")),
+        ("download a file from a URL", ("curl", "wget", "aria2c")),
+        ("see which processes use the most memory", ("top", "htop", "ps", "btop", "glances")),
+        ("change who owns a file", ("chown",)),
+        ("create a symbolic link", ("ln",)),
+        ("count the lines in a file", ("wc",)),
+        ("kill a process by its name", ("pkill", "killall")),
+        ("run a job every night at midnight", ("crontab", "cron", "at")),
+        ("find files larger than 100 megabytes", ("find", "fd")),
+        ("show the last lines of a log as it grows", ("tail", "multitail", "less")),
+    ],
 }
 PLATFORMS = ("common", "linux")
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -134,7 +157,8 @@ def write(pages: Path, out: Path, languages: list[str]) -> None:
         for platform in PLATFORMS:
             target = out / language / platform
             target.mkdir(parents=True, exist_ok=True)
-            for page in sorted((pages / f"pages.{language}" / platform).glob("*.md")):
+            folder = pages / ("pages" if language == "en" else f"pages.{language}") / platform
+            for page in sorted(folder.glob("*.md")):
                 if language != "ko" or page.stem in spanish | accepted:
                     shutil.copy(page, target / page.name)
         print(f"{language}: {sum(1 for _ in (out / language).rglob('*.md'))} pages")

@@ -1,12 +1,15 @@
 """Manual pages in German, Chinese and Japanese: development data for those languages apart from
 the help pages kept for acceptance (issue 77). Questions a native speaker would type, written
-2026-11-28 before any search of these pages.
+2026-11-28 before any search of these pages. English: the originals of the pages Debian translated
+into German, as installed here, with questions as people phrase them (in words the page may not
+use), written 2026-11-28 before any search of them: development data for the hybrid judge (issue 78).
 
 Usage:
   apt-get download manpages-de manpages-zh manpages-ja   # Debian's translations (GPL)
   python -m tests.benchmarks.man_pages write manpages-de_*.deb OUT --language de
   python -m tests.benchmarks.man_pages check OUT --language de [--index DIR] [--modes ...]
       [-- BUILD ARGS...]
+  python -m tests.benchmarks.man_pages write manpages-de_*.deb OUT --language en   # /usr/share/man/man1
 
 ``write`` renders each section-1 page with groff (preconv reading its UTF-8) into ``OUT/NAME.txt``,
 plain UTF-8 text without overstrike; ``check`` is the help pages' (a question counts where an
@@ -106,15 +109,55 @@ JAPANESE: Questions = [
     ("一定時間待つ", ("sleep",)),
     ("パッチを適用する", ("patch",)),
 ]
-QUESTIONS = {"de": GERMAN, "zh": CHINESE, "ja": JAPANESE}
+ENGLISH: Questions = [
+    ("list files with the most recently changed first", ("ls", "dir", "vdir")),
+    ("let everyone run my script", ("chmod",)),
+    ("give a file to another user", ("chown",)),
+    ("how much room is left on my drives", ("df",)),
+    ("how big is this folder", ("du",)),
+    ("follow a log file as new lines come in", ("tail",)),
+    ("how many words are in this text", ("wc",)),
+    ("unpack a tarball", ("tar", "gunzip", "gzip", "zcat")),
+    ("get rid of repeated lines in a list", ("uniq", "sort")),
+    (
+        "check that a download was not corrupted",
+        ("sha256sum", "md5sum", "cksum", "sha1sum", "b2sum", "sha224sum", "sha384sum", "sha512sum", "sum"),
+    ),
+    ("wipe a file so nobody can recover it", ("shred",)),
+    ("make a shortcut to a file in another folder", ("ln",)),
+    ("switch the machine to another time zone", ("timedatectl", "tzselect")),
+    ("replace a word everywhere in a file", ("sed",)),
+    ("run a heavy job without slowing the machine down", ("nice", "renice", "ionice")),
+    ("send files to another computer securely", ("scp", "sftp", "rsync")),
+    ("read the messages the kernel printed at boot", ("dmesg", "journalctl")),
+    ("see what changed between two versions of a file", ("diff", "cmp", "sdiff", "wdiff", "diff3")),
+    ("cut a big file into smaller pieces", ("split", "csplit")),
+    ("start a service automatically when the computer boots", ("systemctl",)),
+    ("stop a command if it takes too long", ("timeout",)),
+    ("update the date a file was last modified", ("touch",)),
+    ("who else is logged in right now", ("who", "w", "users")),
+    ("which folder am I in", ("pwd",)),
+    ("how long did that command take", ("time",)),
+    ("convert a text file to UTF-8", ("iconv",)),
+    ("end every process of a program by its name", ("pkill", "killall")),
+    ("locate a file somewhere on the disk", ("find", "locate")),
+    ("how much memory is free", ("free", "vmstat", "top")),
+    ("wait a few seconds in a shell script", ("sleep",)),
+]
+QUESTIONS = {"de": GERMAN, "zh": CHINESE, "ja": JAPANESE, "en": ENGLISH}
 SECTIONS = {"de": "usr/share/man/de/man1", "zh": "usr/share/man/zh_CN/man1", "ja": "usr/share/man/ja/man1"}
+INSTALLED_ENGLISH = Path("/usr/share/man/man1")  # English takes each German page's original from here
 
 
 def write(package: Path, out: Path, language: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ragidx-man-") as folder:
         subprocess.run(["dpkg-deb", "-x", str(package), folder], check=True)
-        for page in sorted((Path(folder) / SECTIONS[language]).glob("*.1.gz")):
+        for page in sorted((Path(folder) / SECTIONS.get(language, SECTIONS["de"])).glob("*.1.gz")):
+            if language == "en":
+                page = INSTALLED_ENGLISH / page.name
+                if not page.exists():
+                    continue
             source = gzip.decompress(page.read_bytes())
             rendered = subprocess.run(
                 ["groff", "-k", "-Tutf8", "-mandoc", "-P-cbou"], input=source, capture_output=True, check=True
