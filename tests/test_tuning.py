@@ -92,9 +92,9 @@ def test_weights_move_from_equal_only_for_a_gain_beyond_the_noise():
     noisy[0.5], noisy[0.2] = equal, equal + 0.01 + rng.normal(0, 0.3, 200)
     assert choose_weight(noisy) == 0.5  # 0.2 is best on average, but within the per-query noise
     clear = {w: equal + 0.2 * (w == 0.1) + 0.1 * (w == 0.0) for w in DENSE_WEIGHTS}
-    assert choose_weight(clear) == 0.1  # beats equal weights and lexical alone, clearly
+    assert choose_weight(clear) == 0.1  # beats equal weights clearly
     near_lexical = {**clear, 0.1: clear[0.0] + 0.01 + rng.normal(0, 0.3, 200)}
-    assert choose_weight(near_lexical) == 0.0  # beats equal clearly, lexical alone only within the noise
+    assert choose_weight(near_lexical) == 0.1  # the blend, though lexical alone is within its noise
     flat = {w: equal.copy() for w in DENSE_WEIGHTS}
     assert choose_weight(flat) == 0.5
 
@@ -105,23 +105,21 @@ def test_a_fusion_is_kept_only_where_it_holds_and_never_below_the_better_list():
     odd = np.arange(200) % 2 == 1
 
     def chosen(lexical: np.ndarray, dense: np.ndarray, equal: np.ndarray, minmax: np.ndarray, **at) -> Fusion:
-        rrf = {w: at.get(f"w{w:g}".replace(".", ""), equal if 0 < w < 1 else None) for w in DENSE_WEIGHTS}
+        rrf = {w: at.get(f"w{w:g}".replace(".", ""), equal) for w in DENSE_WEIGHTS}
         rrf[0.0], rrf[1.0] = lexical, dense
-        scores = {0.5: minmax, 0.7: minmax - 0.01}
-        fusion, how = choose_fusion(rrf, scores)
-        assert fusion == independent_choice(rrf, scores), how
+        fusion, how = choose_fusion(rrf, minmax)
+        assert fusion == independent_choice(rrf, minmax), how
         return fusion
 
-    # Equal weights above keyword search, the dense list below 0.9 of it: kept as they are.
+    # No weight clearly ahead: equal weights, by min-max where it scores at least RRF.
     assert chosen(base, base * 0.8, base + 0.05, base + 0.1) == Fusion(0.5, 0.5, "minmax")
-    # The dense list keeps up with keyword search (0.95 of it): equal weights (RRF here) lean to it.
-    assert chosen(base, base * 0.95, base + 0.1, base + 0.05) == Fusion(0.7, 0.3)
+    assert chosen(base, base * 0.8, base + 0.1, base + 0.05) == Fusion(0.5, 0.5)
     # Equal weights at or below the better single list on all pseudo-queries: that list alone.
     assert chosen(base, base * 0.95, base, base - 0.01) == Fusion(0.0, 1.0)
     assert chosen(base * 0.9, base, base - 0.02, base - 0.01) == Fusion(1.0, 0.0)
-    # A weight clearly best on the even half, a little behind keyword search on the odd: it holds.
-    noise = rng.normal(0, 0.2, 200)
-    clear = base + np.where(odd, -0.01 + noise, 0.3)
+    # A weight clearly best on the even half, a little behind keyword search on the odd: it holds
+    # (a blend near keyword search is no longer traded for keyword search alone).
+    clear = base + np.where(odd, -0.01 + rng.normal(0, 0.2, 200), 0.3)
     assert chosen(base, base * 0.5, base, base, w02=clear) == Fusion(0.2, 0.8)
     # Clearly behind it on the odd half: equal weights against keyword search decide (lexical here).
     behind = base + np.where(odd, -0.2, 0.3)
@@ -184,34 +182,25 @@ def assert_grid_is_independent(report, index, queries, answer_of, tmp_path) -> N
             scores.append(gain_at_10(fused, answer_of, query))
         assert report.grid[f"{weight:g}"] == pytest.approx(np.mean(scores), abs=1e-6), weight
         per_query[weight] = np.array(scores)
-    minmax = {
-        weight: np.array([
-            gain_at_10(independent_fusion(dense, lexical, weight, 1 - weight, "minmax"), answer_of, query)
-            for query, (dense, lexical) in zip(queries, lists, strict=True)
-        ])
-        for weight in (0.5, 0.7)
-    }  # fmt: skip
+    minmax = np.array([
+        gain_at_10(independent_fusion(dense, lexical, 0.5, 0.5, "minmax"), answer_of, query)
+        for query, (dense, lexical) in zip(queries, lists, strict=True)
+    ])  # fmt: skip
     chosen = independent_choice(per_query, minmax)
     assert report.fusion == chosen
-    tuned = minmax[chosen.dense] if chosen.method == "minmax" else per_query[chosen.dense]
+    tuned = minmax if chosen.method == "minmax" else per_query[chosen.dense]
     assert report.ndcg == pytest.approx({
         "dense": report.grid["1"], "lexical": report.grid["0"], "equal": report.grid["0.5"],
-        "minmax": np.mean(minmax[0.5]), "tuned": np.mean(tuned),
+        "minmax": np.mean(minmax), "tuned": np.mean(tuned),
     })  # fmt: skip
 
 
-def independent_choice(rrf: dict, minmax: dict) -> Fusion:
+def independent_choice(rrf: dict, minmax: np.ndarray) -> Fusion:
     """Tuning's rules, written again: a weight chosen on the even-numbered pseudo-queries (equal
-    weights unless the best beats them by two standard errors, then the single list on its side
-    unless the blend beats that too); one other than equal weights kept unless it loses to the
-    better single list on the odd-numbered ones by two standard errors; else equal weights (min-max
-    where it scores at least RRF on all) against the better single list on all, the single list
-    winning ties; equal weights kept lean to dense 0.7 where the dense list reaches 0.9 of the
-    lexical one's nDCG on all of them."""
-
-    def mean(fusion: tuple[str, float], rows: slice) -> float:
-        method, weight = fusion
-        return (minmax if method == "minmax" and 0 < weight < 1 else rrf)[weight][rows].mean()
+    weights unless the best beats them by two standard errors) is kept unless it loses to the
+    better single list on the odd-numbered ones by two standard errors; otherwise equal weights
+    (min-max where it scores at least RRF on all) against the better single list on all, the single
+    list winning ties."""
 
     def clearly(gain: np.ndarray) -> bool:
         return gain.mean() > 2 * gain.std(ddof=1) / math.sqrt(len(gain))
@@ -219,18 +208,16 @@ def independent_choice(rrf: dict, minmax: dict) -> Fusion:
     def single(rows: slice) -> float:
         return 1.0 if rrf[1.0][rows].mean() > rrf[0.0][rows].mean() else 0.0
 
-    first, second, every = slice(0, None, 2), slice(1, None, 2), slice(None)
+    first, second = slice(0, None, 2), slice(1, None, 2)
     best = max(rrf, key=lambda w: (round(float(rrf[w][first].mean()), 9), -abs(w - 0.5)))
-    side = 0.0 if best < 0.5 else 1.0
-    won = clearly(rrf[best][first] - rrf[0.5][first])
-    weight = 0.5 if not won else best if clearly(rrf[best][first] - rrf[side][first]) else side
-    if weight != 0.5 and not clearly(rrf[single(second)][second] - rrf[weight][second]):
-        return Fusion(weight, round(1 - weight, 2))
-    equal = ("minmax" if mean(("minmax", 0.5), every) >= mean(("rrf", 0.5), every) else "rrf", 0.5)
-    if mean(equal, every) <= rrf[single(every)].mean():
-        return Fusion(single(every), 1 - single(every))
-    lean = 0.7 if rrf[1.0].mean() >= 0.9 * rrf[0.0].mean() else 0.5
-    return Fusion(lean, round(1 - lean, 2), equal[0])
+    won, lost = rrf[best][first] - rrf[0.5][first], rrf[single(second)][second] - rrf[best][second]
+    if clearly(won) and not clearly(lost):
+        return Fusion(best, round(1 - best, 2))
+    method, equal = ("minmax", minmax) if minmax.mean() >= rrf[0.5].mean() else ("rrf", rrf[0.5])
+    alone = single(slice(None))
+    if equal.mean() <= rrf[alone].mean():
+        return Fusion(alone, 1 - alone)
+    return Fusion(0.5, 0.5, method)
 
 
 def gain_at_10(fused, answer_of, query) -> float:
@@ -245,7 +232,7 @@ def test_a_build_stores_the_tuned_weights_and_search_uses_them(index):
     stored = index.meta["fusion"]
     chunks = index.reader.counts()["chunks"]
     afforded = build_queries(chunks)  # a fifth of the chunks, at least what tuning needs
-    assert afforded == max(20, chunks // 5) and build_queries(1000) == 100
+    assert afforded == max(20, chunks // 5) and build_queries(1000) == 200 and build_queries(5000) == 200
     assert stored["pseudo_queries"] == len(pseudo_queries(index.reader, afforded)) and not stored["reason"]
     tuned = tune(index.engine, lambda: index.strategy, afforded)
     assert Fusion.of_index(index.meta) == tuned.fusion.normalised()

@@ -14,10 +14,11 @@ answer is the chunk itself: the answers are whichever of documents and chunks fi
 ``MIN_ANSWERS``, and at the chunk level a sentence that overlapping chunks share is never cut (its
 neighbour would hold it verbatim).
 
-Every dense weight on a grid is scored by nDCG@10 over the answers with weighted RRF, the weight is
-chosen from them (see :func:`choose_weight`), and at equal weights min-max score fusion is kept
-instead when it scores higher; the result is stored in the index's meta with the figures behind
-it.
+Every dense weight on a grid is scored by nDCG@10 over the answers with weighted RRF; a weight is
+chosen on half the pseudo-queries and confirmed on the other half, and equal weights are weighed
+against the better single list, so a fusion that loses to one of its own lists is not kept (see
+:func:`choose_fusion`); at equal weights min-max score fusion is kept instead when it scores
+higher. The result is stored in the index's meta with the figures behind it.
 (Searching a sentence with its own chunk left out, for the document's other chunks, tracked
 real queries worse on SciFact: see docs/hybrid-search.md.)
 """
@@ -64,10 +65,6 @@ DENSE_WEIGHTS = tuple(round(float(w), 2) for w in np.linspace(0.0, 1.0, 21))
 SEED = 0
 SCAN_FACTOR = 10  # chunks read per query wanted, at most (most chunks have a usable sentence)
 MIN_GAIN_Z = 2.0  # how clearly a weight must beat a simpler one (see choose_weight)
-# Equal weights lean to the dense list, weighing it this, where on the pseudo-queries it reaches this
-# share of keyword search's nDCG@10: lifted from the text, they share its words as people's
-# questions often do not, and underrate the dense list (see docs/hybrid-search.md#questions-people-ask).
-LEANING_DENSE, LEAN_SHARE = 0.7, 0.9
 RETUNE_CHANGE = 0.1  # an incremental build retunes once the chunk count moved this much
 NO_VECTORS_WEIGHT = 0.05  # a tuned dense weight at or below this: the vectors were switched off
 WORD = re.compile(r"\w+")
@@ -277,7 +274,7 @@ def tune(
         )
 
     scores = {weight: per_query(Fusion(weight, 1.0 - weight)) for weight in DENSE_WEIGHTS}
-    minmax = {weight: per_query(_minmax(weight)) for weight in (0.5, LEANING_DENSE)}
+    minmax = per_query(Fusion(0.5, 0.5, "minmax"))
     fusion, confirmation = choose_fusion(scores, minmax)
     grid = {weight: float(values.mean()) for weight, values in scores.items()}
     return TuningReport(
@@ -289,8 +286,10 @@ def tune(
             "dense": grid[1.0],
             "lexical": grid[0.0],
             "equal": grid[0.5],
-            "minmax": float(minmax[0.5].mean()),
-            "tuned": float(_per_query(fusion, scores, minmax).mean()),
+            "minmax": float(minmax.mean()),
+            "tuned": float(
+                (minmax if fusion.method == "minmax" else scores[fusion.normalised().dense]).mean()
+            ),
         },
         grid={f"{weight:g}": value for weight, value in grid.items()},
         level=level,
@@ -298,64 +297,44 @@ def tune(
     )
 
 
-def choose_fusion(rrf: Mapping[float, np.ndarray], minmax: Mapping[float, np.ndarray]) -> tuple[Fusion, str]:
+def choose_fusion(rrf: Mapping[float, np.ndarray], minmax: np.ndarray) -> tuple[Fusion, str]:
     """The fusion to store, from each candidate's per-query scores (``rrf``: every grid weight;
-    ``minmax``: at 0.5 and :data:`LEANING_DENSE`), and a few words on how it was chosen.
+    ``minmax``: equal-weight min-max fusion), and a few words on how it was chosen.
 
     A weight is chosen on one half of the pseudo-queries (:func:`choose_weight`). One that beat
     equal weights clearly there is confirmed on the other half: it is kept unless it clearly loses
-    to the better single list there (a noisy loss is what lifted pseudo-queries, which favour
-    keyword search, hand a blend that real questions would not). Equal weights, chosen for want of
+    to the better single list there (pseudo-queries lifted from the text favour keyword search, so
+    a loss within the noise is no evidence against a blend). Equal weights, chosen for want of
     evidence, are compared with the better single list on all the pseudo-queries instead, and kept
-    only where they score higher (a tie goes to the single list: it searches one list). Equal weights
-    kept lean to the dense list where it keeps up with keyword search (:data:`LEAN_SHARE`)."""
+    only where they score higher (a tie goes to the single list: it searches one list)."""
     count = len(rrf[0.5])
     chosen_on, confirmed_on, every = np.arange(0, count, 2), np.arange(1, count, 2), np.arange(count)
     weight = choose_weight({w: values[chosen_on] for w, values in rrf.items()})
     if weight != 0.5:
         candidate, rival = Fusion(weight, round(1.0 - weight, 2)), _better_single(rrf, confirmed_on)
-        gain = rrf[weight][confirmed_on] - _per_query(rival, rrf, minmax)[confirmed_on]
+        gain = rrf[weight][confirmed_on] - rrf[rival.normalised().dense][confirmed_on]
         halves = f"{_named(candidate)}, chosen on {len(chosen_on)} of them"
         if not _clearly_better(-gain, np.zeros_like(gain)):
             return candidate, f"{halves}, held on the other {len(confirmed_on)}"
         how = f"{halves}, lost to {_named(rival)} on the other {len(confirmed_on)} ({gain.mean():+.3f})"
     else:
         how = f"no weight beat equal weights clearly on {len(chosen_on)} of them"
-    equal, single = _equal(rrf, minmax, every), _better_single(rrf, every)
-    if _per_query(equal, rrf, minmax).mean() <= _per_query(single, rrf, minmax).mean():
-        return single, f"{how}; {_named(single)} scored at least {_named(equal)} on all of them"
-    share = rrf[1.0].mean() / max(rrf[0.0].mean(), 1e-9)
-    if share < LEAN_SHARE:
-        return equal, f"{how}; {_named(equal)} beat {_named(single)} on all of them"
-    leaning = Fusion(LEANING_DENSE, round(1.0 - LEANING_DENSE, 2), equal.method)
-    return leaning, (
-        f"{how}; {_named(equal)} beat {_named(single)} on all of them, weighed {LEANING_DENSE:g} to the "
-        f"dense list, which reached {share:.2f} of keyword search's nDCG on them"
+    # With both lists trusted alike, min-max keeps how far apart the scores are.
+    equal = (
+        (Fusion(0.5, 0.5, "minmax"), minmax)
+        if minmax.mean() >= rrf[0.5].mean()
+        else (Fusion(0.5, 0.5), rrf[0.5])
     )
-
-
-def _equal(rrf: Mapping[float, np.ndarray], minmax: Mapping[float, np.ndarray], rows: np.ndarray) -> Fusion:
-    """Both lists trusted alike: min-max score fusion where it scores at least RRF on the ``rows``
-    (it keeps how far apart the scores are), else RRF."""
-    return _minmax(0.5) if minmax[0.5][rows].mean() >= rrf[0.5][rows].mean() else Fusion(0.5, 0.5)
+    single = _better_single(rrf, every)
+    if equal[1].mean() <= rrf[single.normalised().dense].mean():
+        return single, f"{how}; {_named(single)} scored at least {_named(equal[0])} on all of them"
+    return equal[0], f"{how}; {_named(equal[0])} beat {_named(single)} on all of them"
 
 
 def _better_single(rrf: Mapping[float, np.ndarray], rows: np.ndarray) -> Fusion:
     """The dense or the lexical list alone, whichever scores higher on ``rows`` (a tie: lexical,
     which costs no query embedding)."""
     return Fusion(1.0, 0.0) if rrf[1.0][rows].mean() > rrf[0.0][rows].mean() else Fusion(0.0, 1.0)
-
-
-def _minmax(dense: float) -> Fusion:
-    return Fusion(dense, round(1.0 - dense, 2), "minmax")
-
-
-def _per_query(
-    fusion: Fusion, rrf: Mapping[float, np.ndarray], minmax: Mapping[float, np.ndarray]
-) -> np.ndarray:
-    """A candidate fusion's per-query scores (a single list's are RRF's at its weight)."""
-    dense = fusion.normalised().dense
-    return minmax[dense] if fusion.method == "minmax" and dense not in (0.0, 1.0) else rrf[dense]
 
 
 def _named(fusion: Fusion) -> str:
@@ -367,19 +346,14 @@ def _named(fusion: Fusion) -> str:
 
 def choose_weight(scores: Mapping[float, np.ndarray]) -> float:
     """The dense weight the pseudo-queries' RRF scores make a case for, from each weight's
-    per-query scores: simple unless shown otherwise (:func:`choose_fusion` then confirms it).
-
-    The best weight on average must beat equal weights by ``MIN_GAIN_Z`` standard errors of the
-    per-query difference, else equal weights stay (a strong encoder: both lists about as good).
-    If it does, the single list on its side (lexical for weights below 0.5, dense above) is taken
-    unless the blend beats that list just as clearly: pseudo-queries are a proxy, and a small
-    dense weight that looks a little better on them did not carry over to real queries.
+    per-query scores: the best on average where it beats equal weights by ``MIN_GAIN_Z`` standard
+    errors of the per-query difference, else equal weights (a strong encoder: both lists about as
+    good). :func:`choose_fusion` then confirms it. (It used to take the single list on the best
+    weight's side unless the blend beat that too; on lifted pseudo-queries that kept keyword search
+    alone where a blend scored higher on real questions: docs/hybrid-search.md.)
     """
     best = max(scores, key=lambda weight: (round(float(scores[weight].mean()), 9), -abs(weight - 0.5)))
-    if not _clearly_better(scores[best], scores[0.5]):
-        return 0.5
-    single = 0.0 if best < 0.5 else 1.0
-    return best if _clearly_better(scores[best], scores[single]) else single
+    return best if _clearly_better(scores[best], scores[0.5]) else 0.5
 
 
 def _clearly_better(scores: np.ndarray, than: np.ndarray) -> bool:
