@@ -119,10 +119,19 @@ class LocalGenerator:
     """A chat model run by ragidx, on the weights of a loaded :class:`ModelRuntime`."""
 
     def __init__(self, runtime: ModelRuntime):
+        if not runtime.arch.is_decoder:
+            raise RagidxError(
+                f"model '{runtime.model_id}' is a {runtime.arch.model_type} encoder, not a decoder-only LLM: "
+                "it cannot answer or rerank (name one such as smollm2 or gemma3-270m)"
+            )
         self.runtime = runtime
         self.name = runtime.model_id
-        self.template = chat_template(runtime)
         self.model = causal_lm(runtime)
+
+    @functools.cached_property
+    def template(self) -> str:
+        """The chat template answers are written in (reranking needs none: a base model reranks)."""
+        return chat_template(self.runtime)
 
     @classmethod
     def load(cls, model: str, device: str = "auto", dtype: str = "auto") -> LocalGenerator:

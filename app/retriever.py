@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -11,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages, refuse_unfitted
-from ragidx.app.generation import ChatEndpoint, Generator, LocalGenerator
+from ragidx.app.generation import ChatEndpoint, Generator, LocalGenerator, chat_template
+from ragidx.app.reranking import RERANK_DEPTH, rerank
 from ragidx.indexer.build.journal import describe_pending, pending
 from ragidx.indexer.build.maintenance import CheckReport, RemoveReport, check, remove
 from ragidx.indexer.build.pipeline import BuildReport, build
@@ -206,7 +208,13 @@ class Index:
             raise RagidxError(
                 "search options are a SearchOptions or keywords (k=, mode=, ...), not positional"
             )
-        return self.engine.search(queries, SearchOptions.of(options, **given), vectors)
+        chosen = SearchOptions.of(options, **given)
+        if chosen.rerank is None:
+            return self.engine.search(queries, chosen, vectors)
+        deeper = dataclasses.replace(chosen, k=max(chosen.k, RERANK_DEPTH))
+        found = self.engine.search(queries, deeper, vectors)
+        generator = self.local_generator(chosen.rerank)
+        return [rerank(generator, query, hits, chosen.k) for query, hits in zip(queries, found, strict=True)]
 
     def context(
         self,
@@ -292,6 +300,12 @@ class Index:
         loaded one, under its causal-LM head, never a second copy."""
         if llm_url:
             return ChatEndpoint(llm_url, llm)
+        local = self.local_generator(llm)
+        chat_template(local.runtime)  # one that cannot answer is refused before any search
+        return local
+
+    def local_generator(self, llm: str | None = None) -> LocalGenerator:
+        """:meth:`generator` for a model ragidx runs itself (``llm``; default: the index's own)."""
         name = canonical_model_id(llm) if llm else self.settings.model
         runtime = self.strategy.runtime if name == self.settings.model else None
         key = (name, id(runtime))

@@ -19,7 +19,12 @@ from ragidx.app.answering import DEFAULT_NEW_TOKENS
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.roles import Role
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
-from ragidx.indexer.search.options import SEARCH_OPTION_SPECS, SEARCH_SPECS_BY_NAME, SearchOptionSpec
+from ragidx.indexer.search.options import (
+    MAX_OPTION_TEXT,
+    SEARCH_OPTION_SPECS,
+    SEARCH_SPECS_BY_NAME,
+    SearchOptionSpec,
+)
 from ragidx.indexer.storage.filters import FILTER_KINDS, parse_meta
 from ragidx.indexer.wording import encodable, excerpt
 
@@ -99,6 +104,7 @@ def option_annotation(spec: SearchOptionSpec) -> Any:
         "float": Number,
         "bool": Annotated[bool, Field(strict=True)],
         "choice": Literal[spec.choices] if spec.choices else None,
+        "text": Annotated[str, Field(strict=True, min_length=1, max_length=MAX_OPTION_TEXT)],
     }.get(spec.kind) or COMPOSITE_BODIES[spec.kind]
     optional = spec.optional or spec.kind in COMPOSITE_BODIES
     field = Field(ge=spec.minimum, le=spec.maximum, description=spec.help)

@@ -94,13 +94,20 @@ class ServedIndex:
 
     def search(self, query: str, options: SearchOptions, job: Job) -> list[Hit]:
         """The search's hits: at once where it reads no vectors, else with its query embedded on
-        the model's thread together with every other query waiting for it."""
+        the model's thread together with every other query waiting for it; a reranked search
+        wholly on the model's thread, where its reranking model runs."""
+        if options.rerank is not None:
+            return list(self.scheduler.run(job, self._search_here, query, options))
         try:
             with self.reading, self.index.engine.embedding_with(_needs_model):
                 return self.index.search(query, options)
         except NeedsModel:
             key = ("search", id(self))
             return list(self.scheduler.run_batched(job, key, (query, options), self._searches))
+
+    def _search_here(self, query: str, options: SearchOptions) -> list[Hit]:
+        with self.reading:
+            return self.index.search(query, options)
 
     def _searches(self, batch: list[tuple[str, SearchOptions]]) -> list[list[Hit] | Exception]:
         """Searches answered together on the model's thread: the queries of those that read the

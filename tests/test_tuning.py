@@ -19,7 +19,6 @@ from ragidx.indexer.build.tuning import (
     MIN_WORDS,
     build_queries,
     choose_fusion,
-    choose_weight,
     pseudo_queries,
     tune,
 )
@@ -85,45 +84,29 @@ def independent_lexical(
     return found
 
 
-def test_weights_move_from_equal_only_for_a_gain_beyond_the_noise():
-    rng = np.random.default_rng(0)
-    equal = rng.uniform(0, 1, 200)
-    noisy = {w: equal - 0.05 for w in DENSE_WEIGHTS}
-    noisy[0.5], noisy[0.2] = equal, equal + 0.01 + rng.normal(0, 0.3, 200)
-    assert choose_weight(noisy) == 0.5  # 0.2 is best on average, but within the per-query noise
-    clear = {w: equal + 0.2 * (w == 0.1) + 0.1 * (w == 0.0) for w in DENSE_WEIGHTS}
-    assert choose_weight(clear) == 0.1  # beats equal weights clearly
-    near_lexical = {**clear, 0.1: clear[0.0] + 0.01 + rng.normal(0, 0.3, 200)}
-    assert choose_weight(near_lexical) == 0.1  # the blend, though lexical alone is within its noise
-    flat = {w: equal.copy() for w in DENSE_WEIGHTS}
-    assert choose_weight(flat) == 0.5
-
-
-def test_a_fusion_is_kept_only_where_it_holds_and_never_below_the_better_list():
+def test_equal_weights_are_kept_only_above_the_better_list_on_both_halves_or_on_all():
     rng = np.random.default_rng(1)
     base = rng.uniform(0.2, 0.8, 200)
     odd = np.arange(200) % 2 == 1
 
-    def chosen(lexical: np.ndarray, dense: np.ndarray, equal: np.ndarray, minmax: np.ndarray, **at) -> Fusion:
-        rrf = {w: at.get(f"w{w:g}".replace(".", ""), equal) for w in DENSE_WEIGHTS}
-        rrf[0.0], rrf[1.0] = lexical, dense
+    def chosen(lexical: np.ndarray, dense: np.ndarray, equal: np.ndarray, minmax: np.ndarray) -> Fusion:
+        rrf = {w: lexical if w == 0.0 else dense if w == 1.0 else equal for w in DENSE_WEIGHTS}
+        rrf[0.2] = lexical + 0.3  # a weight far ahead on the pseudo-queries is not a candidate
         fusion, how = choose_fusion(rrf, minmax)
         assert fusion == independent_choice(rrf, minmax), how
         return fusion
 
-    # No weight clearly ahead: equal weights, by min-max where it scores at least RRF.
+    # Above both lists on both halves: equal weights, by min-max where it scores at least RRF.
     assert chosen(base, base * 0.8, base + 0.05, base + 0.1) == Fusion(0.5, 0.5, "minmax")
     assert chosen(base, base * 0.8, base + 0.1, base + 0.05) == Fusion(0.5, 0.5)
-    # Equal weights at or below the better single list on all pseudo-queries: that list alone.
+    # At or below the better single list: that list alone (a tie goes to the list).
     assert chosen(base, base * 0.95, base, base - 0.01) == Fusion(0.0, 1.0)
     assert chosen(base * 0.9, base, base - 0.02, base - 0.01) == Fusion(1.0, 0.0)
-    # A weight clearly best on the even half, a little behind keyword search on the odd: it holds
-    # (a blend near keyword search is no longer traded for keyword search alone).
-    clear = base + np.where(odd, -0.01 + rng.normal(0, 0.2, 200), 0.3)
-    assert chosen(base, base * 0.5, base, base, w02=clear) == Fusion(0.2, 0.8)
-    # Clearly behind it on the odd half: equal weights against keyword search decide (lexical here).
-    behind = base + np.where(odd, -0.2, 0.3)
-    assert chosen(base, base * 0.5, base, base, w02=behind) == Fusion(0.0, 1.0)
+    # The halves disagree: all of them decide, either way.
+    ahead_on_even = base + np.where(odd, -0.05, 0.1)
+    assert chosen(base, base * 0.5, ahead_on_even, ahead_on_even - 0.1) == Fusion(0.5, 0.5)
+    ahead_on_odd = base + np.where(odd, 0.05, -0.1)
+    assert chosen(base, base * 0.5, ahead_on_odd, ahead_on_odd - 0.1) == Fusion(0.0, 1.0)
 
 
 def test_pseudo_queries_cut_a_sentence_out_of_their_chunk(index):
@@ -196,28 +179,23 @@ def assert_grid_is_independent(report, index, queries, answer_of, tmp_path) -> N
 
 
 def independent_choice(rrf: dict, minmax: np.ndarray) -> Fusion:
-    """Tuning's rules, written again: a weight chosen on the even-numbered pseudo-queries (equal
-    weights unless the best beats them by two standard errors) is kept unless it loses to the
-    better single list on the odd-numbered ones by two standard errors; otherwise equal weights
-    (min-max where it scores at least RRF on all) against the better single list on all, the single
-    list winning ties."""
+    """Tuning's rule, written again: on a set of pseudo-queries, equal weights (min-max where it
+    scores at least RRF there) if they score above the better single list (lexical on a tie), else
+    that list; taken where the even- and the odd-numbered pseudo-queries agree, else on all."""
 
-    def clearly(gain: np.ndarray) -> bool:
-        return gain.mean() > 2 * gain.std(ddof=1) / math.sqrt(len(gain))
+    def decide(rows: slice) -> Fusion:
+        method, equal = (
+            ("minmax", minmax) if minmax[rows].mean() >= rrf[0.5][rows].mean() else ("rrf", rrf[0.5])
+        )
+        single = 1.0 if rrf[1.0][rows].mean() > rrf[0.0][rows].mean() else 0.0
+        return (
+            Fusion(0.5, 0.5, method)
+            if equal[rows].mean() > rrf[single][rows].mean()
+            else Fusion(single, 1 - single)
+        )
 
-    def single(rows: slice) -> float:
-        return 1.0 if rrf[1.0][rows].mean() > rrf[0.0][rows].mean() else 0.0
-
-    first, second = slice(0, None, 2), slice(1, None, 2)
-    best = max(rrf, key=lambda w: (round(float(rrf[w][first].mean()), 9), -abs(w - 0.5)))
-    won, lost = rrf[best][first] - rrf[0.5][first], rrf[single(second)][second] - rrf[best][second]
-    if clearly(won) and not clearly(lost):
-        return Fusion(best, round(1 - best, 2))
-    method, equal = ("minmax", minmax) if minmax.mean() >= rrf[0.5].mean() else ("rrf", rrf[0.5])
-    alone = single(slice(None))
-    if equal.mean() <= rrf[alone].mean():
-        return Fusion(alone, 1 - alone)
-    return Fusion(0.5, 0.5, method)
+    even, odd = decide(slice(0, None, 2)), decide(slice(1, None, 2))
+    return even if even == odd else decide(slice(None))
 
 
 def gain_at_10(fused, answer_of, query) -> float:

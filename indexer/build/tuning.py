@@ -14,11 +14,10 @@ answer is the chunk itself: the answers are whichever of documents and chunks fi
 ``MIN_ANSWERS``, and at the chunk level a sentence that overlapping chunks share is never cut (its
 neighbour would hold it verbatim).
 
-Every dense weight on a grid is scored by nDCG@10 over the answers with weighted RRF; a weight is
-chosen on half the pseudo-queries and confirmed on the other half, and equal weights are weighed
-against the better single list, so a fusion that loses to one of its own lists is not kept (see
-:func:`choose_fusion`); at equal weights min-max score fusion is kept instead when it scores
-higher. The result is stored in the index's meta with the figures behind it.
+Every dense weight on a grid is scored by nDCG@10 over the answers with weighted RRF, and equal
+weights with min-max fusion too; equal weights are kept where they score above the better single
+list, else that list alone, chosen on half the pseudo-queries and confirmed on the other (see
+:func:`choose_fusion`). The result is stored in the index's meta with the figures behind it.
 (Searching a sentence with its own chunk left out, for the document's other chunks, tracked
 real queries worse on SciFact: see docs/hybrid-search.md.)
 """
@@ -64,7 +63,6 @@ CUTOFF = 10
 DENSE_WEIGHTS = tuple(round(float(w), 2) for w in np.linspace(0.0, 1.0, 21))
 SEED = 0
 SCAN_FACTOR = 10  # chunks read per query wanted, at most (most chunks have a usable sentence)
-MIN_GAIN_Z = 2.0  # how clearly a weight must beat a simpler one (see choose_weight)
 RETUNE_CHANGE = 0.1  # an incremental build retunes once the chunk count moved this much
 NO_VECTORS_WEIGHT = 0.05  # a tuned dense weight at or below this: the vectors were switched off
 WORD = re.compile(r"\w+")
@@ -233,9 +231,10 @@ def tune(
     limit: int = DEFAULT_PSEUDO_QUERIES,
     progress: bool = False,
 ) -> TuningReport:
-    """Score every weight of the grid on the index's pseudo-queries and keep the best (see
-    :func:`choose_weight`). An index of fewer than ``MIN_ANSWERS`` documents and chunks, or one
-    that yields fewer than ``MIN_QUERIES`` pseudo-queries, keeps equal weights.
+    """Score every weight of the grid on the index's pseudo-queries and keep equal weights or the
+    better single list (see :func:`choose_fusion`). An index of fewer than ``MIN_ANSWERS``
+    documents and chunks, or one that yields fewer than ``MIN_QUERIES`` pseudo-queries, keeps
+    equal weights.
     ``strategy`` gives the index's strategy, called only when there is enough to tune on (it may
     load the model); ``progress`` shows the pseudo-queries embedded so far."""
     started = time.perf_counter()
@@ -298,69 +297,49 @@ def tune(
 
 
 def choose_fusion(rrf: Mapping[float, np.ndarray], minmax: np.ndarray) -> tuple[Fusion, str]:
-    """The fusion to store, from each candidate's per-query scores (``rrf``: every grid weight;
-    ``minmax``: equal-weight min-max fusion), and a few words on how it was chosen.
+    """The fusion to store, from the per-query scores of each RRF weight (``rrf``; 0 and 1 are the
+    single lists) and of equal-weight min-max fusion (``minmax``), and a few words on how it was
+    chosen: equal weights where they score above the better single list, else that list alone
+    (:func:`_decide`), chosen on one half of the pseudo-queries and confirmed on the other; where
+    the halves disagree, decided on all of them.
 
-    A weight is chosen on one half of the pseudo-queries (:func:`choose_weight`). One that beat
-    equal weights clearly there is confirmed on the other half: it is kept unless it clearly loses
-    to the better single list there (pseudo-queries lifted from the text favour keyword search, so
-    a loss within the noise is no evidence against a blend). Equal weights, chosen for want of
-    evidence, are compared with the better single list on all the pseudo-queries instead, and kept
-    only where they score higher (a tie goes to the single list: it searches one list)."""
-    count = len(rrf[0.5])
-    chosen_on, confirmed_on, every = np.arange(0, count, 2), np.arange(1, count, 2), np.arange(count)
-    weight = choose_weight({w: values[chosen_on] for w, values in rrf.items()})
-    if weight != 0.5:
-        candidate, rival = Fusion(weight, round(1.0 - weight, 2)), _better_single(rrf, confirmed_on)
-        gain = rrf[weight][confirmed_on] - rrf[rival.normalised().dense][confirmed_on]
-        halves = f"{_named(candidate)}, chosen on {len(chosen_on)} of them"
-        if not _clearly_better(-gain, np.zeros_like(gain)):
-            return candidate, f"{halves}, held on the other {len(confirmed_on)}"
-        how = f"{halves}, lost to {_named(rival)} on the other {len(confirmed_on)} ({gain.mean():+.3f})"
-    else:
-        how = f"no weight beat equal weights clearly on {len(chosen_on)} of them"
-    # With both lists trusted alike, min-max keeps how far apart the scores are.
-    equal = (
+    Only equal weights and the single lists are candidates: pseudo-queries lifted from the text
+    rate the dense list lower against keyword search than people's questions do (on every
+    development set), so a weight they find best leans to keyword search where questions would
+    not (docs/hybrid-search.md#questions-people-ask). The grid is kept for ``ragidx info``."""
+    count = len(minmax)
+    chosen_on, confirmed_on = np.arange(0, count, 2), np.arange(1, count, 2)
+    first, second = _decide(rrf, minmax, chosen_on), _decide(rrf, minmax, confirmed_on)
+    if first == second:
+        return (
+            first,
+            f"{_named(first)}, chosen on {len(chosen_on)} of them, held on the other {len(confirmed_on)}",
+        )
+    return _decide(rrf, minmax, np.arange(count)), (
+        f"{_named(first)} on {len(chosen_on)} of them, {_named(second)} on the other {len(confirmed_on)}: "
+        "decided on all of them"
+    )
+
+
+def _decide(rrf: Mapping[float, np.ndarray], minmax: np.ndarray, rows: np.ndarray) -> Fusion:
+    """Equal weights (min-max where it scores at least RRF on ``rows``: with both lists trusted
+    alike it keeps how far apart the scores are) where they score above the better single list
+    on ``rows``, else that list (a tie: the single list, which searches one list; between the
+    lists, keyword search, which embeds no query)."""
+    equal, scores = (
         (Fusion(0.5, 0.5, "minmax"), minmax)
-        if minmax.mean() >= rrf[0.5].mean()
+        if minmax[rows].mean() >= rrf[0.5][rows].mean()
         else (Fusion(0.5, 0.5), rrf[0.5])
     )
-    single = _better_single(rrf, every)
-    if equal[1].mean() <= rrf[single.normalised().dense].mean():
-        return single, f"{how}; {_named(single)} scored at least {_named(equal[0])} on all of them"
-    return equal[0], f"{how}; {_named(equal[0])} beat {_named(single)} on all of them"
-
-
-def _better_single(rrf: Mapping[float, np.ndarray], rows: np.ndarray) -> Fusion:
-    """The dense or the lexical list alone, whichever scores higher on ``rows`` (a tie: lexical,
-    which costs no query embedding)."""
-    return Fusion(1.0, 0.0) if rrf[1.0][rows].mean() > rrf[0.0][rows].mean() else Fusion(0.0, 1.0)
+    single = 1.0 if rrf[1.0][rows].mean() > rrf[0.0][rows].mean() else 0.0
+    return equal if scores[rows].mean() > rrf[single][rows].mean() else Fusion(single, 1.0 - single)
 
 
 def _named(fusion: Fusion) -> str:
     dense = fusion.normalised().dense
     if dense in (0.0, 1.0):
         return "the dense list alone" if dense else "keyword search alone"
-    return f"{fusion.method} at dense {dense:g}"
-
-
-def choose_weight(scores: Mapping[float, np.ndarray]) -> float:
-    """The dense weight the pseudo-queries' RRF scores make a case for, from each weight's
-    per-query scores: the best on average where it beats equal weights by ``MIN_GAIN_Z`` standard
-    errors of the per-query difference, else equal weights (a strong encoder: both lists about as
-    good). :func:`choose_fusion` then confirms it. (It used to take the single list on the best
-    weight's side unless the blend beat that too; on lifted pseudo-queries that kept keyword search
-    alone where a blend scored higher on real questions: docs/hybrid-search.md.)
-    """
-    best = max(scores, key=lambda weight: (round(float(scores[weight].mean()), 9), -abs(weight - 0.5)))
-    return best if _clearly_better(scores[best], scores[0.5]) else 0.5
-
-
-def _clearly_better(scores: np.ndarray, than: np.ndarray) -> bool:
-    """A mean per-query gain of at least ``MIN_GAIN_Z`` standard errors (paired)."""
-    gain = scores - than
-    error = float(gain.std(ddof=1)) / math.sqrt(len(gain)) if len(gain) > 1 else 0.0
-    return bool(gain.mean() > MIN_GAIN_Z * error)
+    return f"equal weights ({fusion.method})"
 
 
 def _rankings(

@@ -29,6 +29,7 @@ MAX_SEARCH_BREADTH = 65_536  # efSearch / nprobe: beyond this a request is a den
 MIN_CANDIDATES = 100  # per list before fusion: enough that fusion can promote a chunk from far down
 # How an option is given on each door, beyond a plain value of its annotation.
 COMPOSITE_KINDS = ("filters", "weights")
+MAX_OPTION_TEXT = 4096  # a text option's characters (a model name or path)
 
 
 def described(
@@ -97,6 +98,14 @@ class SearchOptions:
         default=False,
         metadata=described("With each hit, its rank and score in each list and the fused score."),
     )
+    rerank: str | None = field(
+        default=None,
+        metadata=described(
+            "Rerank the best candidates (k, at least 20) by how likely this decoder LLM finds the query "
+            "as a question about each (smollm2, gemma3-270m, a GGUF file or model folder); the score is "
+            "then that mean log-probability per query token. A forward pass per candidate: slower."
+        ),
+    )
 
     @classmethod
     def of(cls, options: SearchOptions | None = None, **given: Any) -> SearchOptions:
@@ -146,7 +155,7 @@ class SearchOptionSpec:
     name: str
     help: str
     default: Any
-    kind: str  # int, float, bool, choice, or a composite kind (filters, weights)
+    kind: str  # int, float, bool, choice, text, or a composite kind (filters, weights)
     optional: bool  # None is a value (the index's own setting)
     choices: tuple[str, ...] = ()
     minimum: int | None = None
@@ -174,6 +183,11 @@ class SearchOptionSpec:
             if isinstance(value, Mapping):
                 return Fusion.from_weights(value)
             raise RagidxError('weights are {"dense": W, "lexical": W} or "dense=W,lexical=W"')
+        if self.kind == "text":
+            if not isinstance(value, str) or not value.strip() or len(value) > MAX_OPTION_TEXT:
+                wanted = f"1 to {MAX_OPTION_TEXT} characters of text"
+                raise RagidxError(f"{name} needs {wanted}, got {excerpt(value)}")
+            return value
         if self.kind == "choice":
             if value not in self.choices:
                 raise RagidxError(f"unknown {name} {excerpt(value)}: choose one of {', '.join(self.choices)}")
@@ -209,7 +223,7 @@ def _spec(declared: dataclasses.Field[Any], annotation: Any) -> SearchOptionSpec
     elif typing.get_origin(scalar) is Literal:
         kind, choices = "choice", tuple(typing.get_args(scalar))
     else:
-        kind, choices = {bool: "bool", int: "int", float: "float"}[scalar], ()
+        kind, choices = {bool: "bool", int: "int", float: "float", str: "text"}[scalar], ()
     default = None if declared.default is dataclasses.MISSING else declared.default
     return SearchOptionSpec(
         declared.name,
