@@ -67,7 +67,7 @@ def index(tmp_path_factory, tiny_models, sample_corpus):
 
 def test_a_reranked_search_orders_its_candidates_by_the_likelihood(index, tiny_models):
     decoder = str(tiny_models["llama"])
-    candidates = index.search(QUESTION, k=reranking.RERANK_DEPTH)
+    candidates = index.search(QUESTION, k=reranking.RERANK_DEPTH, mode="dense")  # every chunk a candidate
     model, tokenizer = reference(tiny_models["llama"])
     limit = reranking.MAX_PASSAGE_TOKENS
     likelihood = {
@@ -75,18 +75,28 @@ def test_a_reranked_search_orders_its_candidates_by_the_likelihood(index, tiny_m
         for hit in candidates
     }
     best = sorted(likelihood, key=lambda chunk: -likelihood[chunk])[:4]
-    hits = index.search(QUESTION, k=4, rerank=decoder)
+    hits = index.search(QUESTION, k=4, mode="dense", rerank=decoder)
     assert [hit.chunk_id for hit in hits] == best and [hit.rank for hit in hits] == [1, 2, 3, 4]
     assert [hit.score for hit in hits] == pytest.approx([likelihood[chunk] for chunk in best], abs=1e-4)
     assert best != [hit.chunk_id for hit in candidates[:4]]  # the order is the model's, not the search's
 
     shown = ragidx(
-        "query", QUESTION, "--index", index.reader.directory, "-k", "4", "--rerank", decoder, "--json"
+        "query",
+        QUESTION,
+        "--index",
+        index.reader.directory,
+        "-k",
+        "4",
+        "--mode",
+        "dense",
+        "--rerank",
+        decoder,
+        "--json",
     )
     assert [hit["chunk_id"] for hit in json.loads(shown.stdout)] == best
 
     client = TestClient(create_app(index), base_url="http://localhost")
-    answered = client.post("/search", json={"query": QUESTION, "k": 4, "rerank": decoder})
+    answered = client.post("/search", json={"query": QUESTION, "k": 4, "mode": "dense", "rerank": decoder})
     assert [hit["chunk_id"] for hit in answered.json()["hits"]] == best
     refused = client.post("/search", json={"query": QUESTION, "rerank": ""})
     assert refused.status_code == 422

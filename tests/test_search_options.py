@@ -61,7 +61,9 @@ def test_the_http_schema_and_the_mcp_tool_take_the_same_options():
         ({"weights": "dense=x"}, "weight of dense is not a number"),
         ({"mode": "dense", "fusion": "rrf"}, "weights and fusion apply to hybrid search, not to dense"),
         ({"filters": {"colour": "red"}}, "unknown filter 'colour'"),
-        ({"rerank": True}, "unknown search option 'rerank'"),
+        ({"rerun": True}, "unknown search option 'rerun'"),
+        ({"rerank": 3}, "rerank needs 1 to 4096 characters of text, got 3"),
+        ({"rerank": "  "}, "rerank needs 1 to 4096 characters of text"),
     ],
 )
 def test_each_value_is_checked_against_its_declaration(given, message):
