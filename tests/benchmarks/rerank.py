@@ -3,11 +3,12 @@ then again reranked by each model; nDCG@10 (a BEIR dataset) or questions with an
 the top 3 (the help or manual pages' questions), and the milliseconds a query takes either way.
 
     python -m tests.benchmarks.rerank beir ../shared/eval/scifact --split train --max-docs 500 \\
-        --max-queries 100 --index DIR --rerank smollm2,gemma3-270m
+        --max-queries 200 --index DIR --rerank smollm2,gemma3-270m
     python -m tests.benchmarks.rerank pages man_pages:en --index DIR --rerank smollm2
 
-The BEIR index is the one ``ragidx eval retrieval DIR --index INDEX`` built (same subsample); the
-pages' index the one ``python -m tests.benchmarks.man_pages check ... --index INDEX`` built.
+The BEIR index is the one ``ragidx eval retrieval DIR --index INDEX`` built from the same subsample
+(the same ``--max-docs`` and ``--max-queries``: another draws other documents); the pages' index
+the one ``python -m tests.benchmarks.man_pages check ... --index INDEX`` built.
 """
 
 from __future__ import annotations
