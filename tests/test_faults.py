@@ -81,7 +81,7 @@ def test_lost_and_damaged_vectors_are_found_and_re_embedded(workspace, tiny_mode
     before, hits = stored_vectors(index), search_all(index, QUERIES)
     (index / "vectors-1.faiss").unlink()
     assert_one_line_error(
-        ragidx("query", "tides", "--index", index, check=False),
+        ragidx("query", "tides", "--index", index, "--mode", "dense", check=False),
         r"vectors-1\.faiss is missing.*check --repair",
     )
     found = json.loads(ragidx("check", "--index", index, "--json", check=False).stdout)

@@ -25,6 +25,7 @@ def index(tmp_path_factory, tiny_models, sample_corpus):
         device="cpu",
         chunk_tokens=48,
         progress=False,
+        tune=False,  # equal weights: tuning would find a random model's vectors worth nothing
     ) as opened:
         yield opened
 
