@@ -16,6 +16,7 @@ from typing import Any
 
 from ragidx.app.generation import LocalGenerator
 from ragidx.indexer.search.hits import Hit
+from ragidx.indexer.search.options import SearchOptions
 
 RERANK_DEPTH = 20  # candidates scored when fewer results are asked for
 MAX_PASSAGE_TOKENS = 384  # of each candidate's text: a chunk is 256 tokens by default
@@ -23,10 +24,19 @@ BATCH = 8  # candidates scored in one forward pass
 PASSAGE, QUESTION = "Passage: ", "\n\nA question about this passage: "
 
 
+def candidate_options(options: SearchOptions) -> SearchOptions:
+    """The search whose hits a reranked search reorders: at least :data:`RERANK_DEPTH` of them."""
+    return dataclasses.replace(options, k=max(options.k, RERANK_DEPTH), rerank=None)
+
+
 def rerank(generator: LocalGenerator, query: str, hits: Sequence[Hit], k: int) -> list[Hit]:
-    """The ``k`` of ``hits`` the model finds the query likeliest for, best first, each with that
-    mean log-probability as its score and its new rank."""
-    scores = question_likelihoods(generator, query, [hit.text for hit in hits])
+    """The ``k`` of ``hits`` the model finds the query likeliest for (see :func:`ranked`)."""
+    return ranked(hits, question_likelihoods(generator, query, [hit.text for hit in hits]), k)
+
+
+def ranked(hits: Sequence[Hit], scores: Sequence[float], k: int) -> list[Hit]:
+    """The ``k`` best of ``hits`` by ``scores`` (their question likelihoods), best first, each with
+    its likelihood as its score and its new rank."""
     order = sorted(range(len(hits)), key=lambda n: (-scores[n], n))[:k]
     return [dataclasses.replace(hits[n], rank=rank, score=scores[n]) for rank, n in enumerate(order, start=1)]
 
@@ -39,9 +49,13 @@ def question_likelihoods(generator: LocalGenerator, question: str, passages: Seq
 
     tokenizer = generator.runtime.tokenizer
     asked = tokenizer(question, add_special_tokens=False)["input_ids"]
+    head, cue = prompt_frame(tokenizer)
     scores: list[float] = []
     for start in range(0, len(passages), BATCH):
-        prefixes = [prompt_ids(tokenizer, text) for text in passages[start : start + BATCH]]
+        prefixes = [
+            [*head, *tokenizer(text, add_special_tokens=False)["input_ids"][:MAX_PASSAGE_TOKENS], *cue]
+            for text in passages[start : start + BATCH]
+        ]
         rows = [prefix + asked for prefix in prefixes]
         width = max(len(row) for row in rows)
         ids = torch.tensor([row + [0] * (width - len(row)) for row in rows], device=generator.runtime.device)
@@ -56,11 +70,10 @@ def question_likelihoods(generator: LocalGenerator, question: str, passages: Seq
     return scores
 
 
-def prompt_ids(tokenizer: Any, passage: str) -> list[int]:
-    """The tokens before the question: the tokenizer's start token where it adds one, the
-    passage's first :data:`MAX_PASSAGE_TOKENS` tokens, and the cue."""
+def prompt_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The tokens around each passage, which the question follows: before it the tokenizer's start
+    token where it adds one and :data:`PASSAGE`, after it :data:`QUESTION`."""
     head = tokenizer(PASSAGE, add_special_tokens=True)["input_ids"]
     if head and head[-1] == tokenizer.eos_token_id:  # a tokenizer that ends every text (an embedder's)
         head = head[:-1]
-    body = tokenizer(passage, add_special_tokens=False)["input_ids"][:MAX_PASSAGE_TOKENS]
-    return [*head, *body, *tokenizer(QUESTION, add_special_tokens=False)["input_ids"]]
+    return head, tokenizer(QUESTION, add_special_tokens=False)["input_ids"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -13,7 +12,7 @@ import numpy as np
 
 from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages, refuse_unfitted
 from ragidx.app.generation import ChatEndpoint, Generator, LocalGenerator, chat_template
-from ragidx.app.reranking import RERANK_DEPTH, rerank
+from ragidx.app.reranking import candidate_options, rerank
 from ragidx.indexer.build.journal import describe_pending, pending
 from ragidx.indexer.build.maintenance import CheckReport, RemoveReport, check, remove
 from ragidx.indexer.build.pipeline import BuildReport, build
@@ -211,8 +210,7 @@ class Index:
         chosen = SearchOptions.of(options, **given)
         if chosen.rerank is None:
             return self.engine.search(queries, chosen, vectors)
-        deeper = dataclasses.replace(chosen, k=max(chosen.k, RERANK_DEPTH))
-        found = self.engine.search(queries, deeper, vectors)
+        found = self.engine.search(queries, candidate_options(chosen), vectors)
         generator = self.local_generator(chosen.rerank)
         return [rerank(generator, query, hits, chosen.k) for query, hits in zip(queries, found, strict=True)]
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages, refuse_unfitted
 from ragidx.app.generation import Generated, Generator, LocalGenerator
+from ragidx.app.reranking import BATCH, candidate_options, question_likelihoods, ranked
 from ragidx.app.retriever import Index, check_budget, check_new_tokens, token_counter
 from ragidx.app.scheduler import SLICE_SECONDS, Cancelled, Job, Scheduler
 from ragidx.indexer.model.runtime import model_tokenizer
@@ -94,10 +95,11 @@ class ServedIndex:
 
     def search(self, query: str, options: SearchOptions, job: Job) -> list[Hit]:
         """The search's hits: at once where it reads no vectors, else with its query embedded on
-        the model's thread together with every other query waiting for it; a reranked search
-        wholly on the model's thread, where its reranking model runs."""
+        the model's thread together with every other query waiting for it; a reranked search's
+        candidates so, then scored on the model's thread a batch per slice of its time (a query from
+        another client waits for one batch, not for the whole reranking)."""
         if options.rerank is not None:
-            return list(self.scheduler.run(job, self._search_here, query, options))
+            return self._reranked(query, options, job)
         try:
             with self.reading, self.index.engine.embedding_with(_needs_model):
                 return self.index.search(query, options)
@@ -105,9 +107,18 @@ class ServedIndex:
             key = ("search", id(self))
             return list(self.scheduler.run_batched(job, key, (query, options), self._searches))
 
-    def _search_here(self, query: str, options: SearchOptions) -> list[Hit]:
+    def _reranked(self, query: str, options: SearchOptions, job: Job) -> list[Hit]:
+        hits = self.search(query, candidate_options(options), job)
+        generator = self.scheduler.run(job, self._local_generator, options.rerank)
+        scores: list[float] = []
+        for start in range(0, len(hits), BATCH):
+            texts = [hit.text for hit in hits[start : start + BATCH]]
+            scores += self.scheduler.run(job, question_likelihoods, generator, query, texts)
+        return ranked(hits, scores, options.k)
+
+    def _local_generator(self, name: str) -> LocalGenerator:
         with self.reading:
-            return self.index.search(query, options)
+            return self.index.local_generator(name)
 
     def _searches(self, batch: list[tuple[str, SearchOptions]]) -> list[list[Hit] | Exception]:
         """Searches answered together on the model's thread: the queries of those that read the

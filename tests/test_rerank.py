@@ -9,7 +9,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from ragidx.app import Index, reranking
+from ragidx.app import Index, reranking, served_index
 from ragidx.app.generation import LocalGenerator
 from ragidx.app.server import create_app
 from tests.support.cli import assert_one_line_error, ragidx
@@ -65,7 +65,7 @@ def index(tmp_path_factory, tiny_models, sample_corpus):
         yield opened
 
 
-def test_a_reranked_search_orders_its_candidates_by_the_likelihood(index, tiny_models):
+def test_a_reranked_search_orders_its_candidates_by_the_likelihood(index, tiny_models, monkeypatch):
     decoder = str(tiny_models["llama"])
     candidates = index.search(QUESTION, k=reranking.RERANK_DEPTH, mode="dense")  # every chunk a candidate
     model, tokenizer = reference(tiny_models["llama"])
@@ -95,9 +95,17 @@ def test_a_reranked_search_orders_its_candidates_by_the_likelihood(index, tiny_m
     )
     assert [hit["chunk_id"] for hit in json.loads(shown.stdout)] == best
 
+    scored: list[int] = []  # a served reranking scores a batch per slice of the model's time
+
+    def counted(generator, question, passages):
+        scored.append(len(passages))
+        return reranking.question_likelihoods(generator, question, passages)
+
+    monkeypatch.setattr(served_index, "question_likelihoods", counted)
     client = TestClient(create_app(index), base_url="http://localhost")
     answered = client.post("/search", json={"query": QUESTION, "k": 4, "mode": "dense", "rerank": decoder})
     assert [hit["chunk_id"] for hit in answered.json()["hits"]] == best
+    assert sum(scored) == len(candidates) and max(scored) == reranking.BATCH < len(candidates)
     refused = client.post("/search", json={"query": QUESTION, "rerank": ""})
     assert refused.status_code == 422
 

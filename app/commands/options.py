@@ -393,6 +393,8 @@ def search_flags(spec: SearchOptionSpec) -> list[tuple[tuple[str, ...], dict[str
         settings["type"] = click.Choice(spec.choices)
     if spec.default is not None and spec.kind != "bool":
         settings["show_default"] = True
+    if spec.metavar:
+        settings["metavar"] = spec.metavar
     return [((*spec.cli_flags, spec.name), settings)]
 
 

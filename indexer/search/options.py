@@ -39,11 +39,19 @@ def described(
     maximum: int | None = None,
     kind: str | None = None,
     flags: tuple[str, ...] = (),
+    metavar: str | None = None,
 ) -> dict[str, Any]:
     """A :class:`SearchOptions` field's metadata: its help (every door shows it), bounds of a
     whole number, a composite ``kind`` (filters, weights), and the CLI's flags where not
-    ``--name``."""
-    return {"help": help, "minimum": minimum, "maximum": maximum, "kind": kind, "flags": flags}
+    ``--name`` and the name of its value in their help where not its type's."""
+    return {
+        "help": help,
+        "minimum": minimum,
+        "maximum": maximum,
+        "kind": kind,
+        "flags": flags,
+        "metavar": metavar,
+    }
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ class SearchOptions:
             "Hybrid fusion weights, e.g. dense=0.3,lexical=0.7; a list left out weighs 0 "
             "(default: the index's tuned weights).",
             kind="weights",
+            metavar="WEIGHTS",
         ),
     )
     fusion: Method | None = field(
@@ -103,7 +112,8 @@ class SearchOptions:
         metadata=described(
             "Rerank the best candidates (k, at least 20) by how likely this decoder LLM finds the query "
             "as a question about each (smollm2, gemma3-270m, a GGUF file or model folder); the score is "
-            "then that mean log-probability per query token. A forward pass per candidate: slower."
+            "then that mean log-probability per query token. A forward pass per candidate: slower.",
+            metavar="MODEL",
         ),
     )
 
@@ -161,6 +171,7 @@ class SearchOptionSpec:
     minimum: int | None = None
     maximum: int | None = None
     flags: tuple[str, ...] = ()
+    metavar: str | None = None
 
     @property
     def cli_flags(self) -> tuple[str, ...]:
@@ -235,6 +246,7 @@ def _spec(declared: dataclasses.Field[Any], annotation: Any) -> SearchOptionSpec
         metadata["minimum"],
         metadata["maximum"],
         metadata["flags"],
+        metadata["metavar"],
     )
 
 
