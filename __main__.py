@@ -1,12 +1,12 @@
 """``python -m ragidx`` and the ``ragidx`` console script: a query or a question goes to the
-command server beside the daemon (:mod:`ragidx.app.launcher`) without importing the CLI; anything
+command server beside the daemon (:mod:`ragidx.app.daemon.launcher`) without importing the CLI; anything
 else, or when no server answers, runs the CLI (:func:`ragidx.cli.main`) in this process."""
 
 from __future__ import annotations
 
 import sys
 
-from ragidx.app import launcher
+from ragidx.app.daemon import launcher
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 import ragidx.app as api
 from ragidx import __version__
-from ragidx.app import RagidxError, catalog, daemon_address, daemon_client
+from ragidx.app import RagidxError, catalog
 from ragidx.app.catalog import (
     DEFAULT_MODEL,
     DEFAULT_NEW_TOKENS,
@@ -47,7 +47,9 @@ from ragidx.app.commands.output import (
     print_sources,
     quiet_stdout,
 )
-from ragidx.app.index_request import IndexRequest
+from ragidx.app.daemon import address as daemon_address
+from ragidx.app.daemon import client as daemon_client
+from ragidx.app.daemon.index_request import IndexRequest
 from ragidx.indexer.wording import counted, printable_text
 
 if TYPE_CHECKING:
@@ -456,7 +458,7 @@ def daemon() -> None:
 )
 def daemon_run(socket_path: Path | None, idle: float | None) -> None:
     """Run the daemon in this process (the CLI starts it in the background by itself)."""
-    from ragidx.app.command_server import CommandServer
+    from ragidx.app.daemon.command_server import CommandServer
 
     path = socket_path or Path(daemon_address.socket_path())
     idle = idle or daemon_client.idle_seconds()
@@ -468,7 +470,7 @@ def daemon_run(socket_path: Path | None, idle: float | None) -> None:
         )
     except OSError:
         commands = None
-    from ragidx.app.daemon import Daemon
+    from ragidx.app.daemon.server import Daemon
 
     Daemon(path, idle, commands).run()
 
@@ -636,7 +638,7 @@ def serve(
     listen beyond it, give --host and a --token that every request must carry.
     """
     try:
-        from ragidx.app.server import (
+        from ragidx.app.http.server import (
             create_app,
             is_loopback,
             listening_socket,
@@ -646,7 +648,7 @@ def serve(
         )
     except ImportError as error:
         raise _missing_extra("serve", "server", error) from None
-    from ragidx.app.scheduler import Scheduler
+    from ragidx.app.service.scheduler import Scheduler
 
     if token_file is not None:
         token = _read_token(token_file, token)
@@ -724,8 +726,8 @@ def mcp_server(index_dir: Path | None, device: str, dtype: str | None, trust_rem
     try:
         import anyio
 
-        from ragidx.app.mcp_server import create_server
-        from ragidx.app.mcp_stdio import serve as serve_mcp
+        from ragidx.app.mcp.server import create_server
+        from ragidx.app.mcp.stdio import serve as serve_mcp
     except ImportError as error:
         raise _missing_extra("mcp", "mcp", error) from None
 

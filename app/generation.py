@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from ragidx.app.answering import Answer
-from ragidx.app.scheduler import Cancelled
-from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.errors import Cancelled, RagidxError
 from ragidx.indexer.model.runtime import ModelRuntime, load_runtime, weight_holder
 from ragidx.indexer.search.context import Context
 
@@ -169,7 +168,7 @@ def cache_field() -> str:
 class Decoding:
     """An answer written greedily, one token per :meth:`step`: each step is one forward pass over
     one new token (the prompt's in the first), short enough to be a slice of the scheduler's
-    (:mod:`ragidx.app.scheduler`), which runs other clients' work between them. The key-value
+    (:mod:`ragidx.app.service.scheduler`), which runs other clients' work between them. The key-value
     cache is this answer's own."""
 
     def __init__(self, generator: LocalGenerator, messages: Sequence[Message], max_new_tokens: int):

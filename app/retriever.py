@@ -16,7 +16,7 @@ from ragidx.app.reranking import candidate_options, rerank
 from ragidx.indexer.build.journal import describe_pending, pending
 from ragidx.indexer.build.maintenance import CheckReport, RemoveReport, check, remove
 from ragidx.indexer.build.pipeline import BuildReport, build
-from ragidx.indexer.build.settings import IndexSettings, build_options
+from ragidx.indexer.build.settings import build_options, load_strategy
 from ragidx.indexer.build.tuning import DEFAULT_PSEUDO_QUERIES, TuningReport, tune_and_store
 from ragidx.indexer.build.watch import watch
 from ragidx.indexer.errors import RagidxError
@@ -28,6 +28,7 @@ from ragidx.indexer.search.hits import Hit
 from ragidx.indexer.search.options import SearchOptions
 from ragidx.indexer.storage.location import default_index_dir
 from ragidx.indexer.storage.reader import IndexReader
+from ragidx.indexer.storage.settings import IndexSettings
 from ragidx.indexer.storage.writer import IndexWriter
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class Index:
         with self._loading:  # threads searching at once load it once
             settings = self.settings
             if self._strategy is None or settings.model_identity != self._strategy_settings:
-                self._strategy = settings.load_strategy(self.device, self.dtype, self.trust_remote_code)
+                self._strategy = load_strategy(settings, self.device, self.dtype, self.trust_remote_code)
                 self._strategy_settings = settings.model_identity
             return self._strategy
 

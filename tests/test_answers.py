@@ -157,7 +157,7 @@ def served(index):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from ragidx.app.server import create_app
+    from ragidx.app.http.server import create_app
 
     return TestClient(create_app(Index.open(index, device="cpu")), base_url="http://localhost")
 
@@ -190,7 +190,7 @@ def test_an_endpoint_failure_is_a_bad_gateway_and_ends_a_streamed_ask_with_an_er
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from ragidx.app.server import create_app
+    from ragidx.app.http.server import create_app
 
     with FakeChat(
         "raw", body=b'{"error": {"message": "model overloaded"}}', status=500, content_type="application/json"

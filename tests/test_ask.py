@@ -88,7 +88,7 @@ def test_the_same_answer_from_python_the_cli_the_daemon_and_http(index, daemon_e
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from ragidx.app.server import create_app
+    from ragidx.app.http.server import create_app
 
     with Index.open(index, device="cpu") as opened:
         pieces: list[str] = []

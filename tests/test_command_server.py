@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from ragidx.app import daemon_address, launcher
+from ragidx.app.daemon import address as daemon_address
+from ragidx.app.daemon import launcher
 from tests.support.cli import RAGIDX, assert_one_line_error, ragidx
 from tests.support.daemon import alive
 

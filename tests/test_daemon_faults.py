@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from ragidx.app import Index, RagidxError, daemon_address, daemon_client
-from ragidx.app.daemon import REQUEST_SECONDS, Client, Daemon
+from ragidx.app import Index, RagidxError
+from ragidx.app.daemon import address as daemon_address
+from ragidx.app.daemon import client as daemon_client
+from ragidx.app.daemon.server import REQUEST_SECONDS, Client, Daemon
 from tests.support.cli import RAGIDX, assert_one_line_error, child_env, ragidx
 from tests.support.daemon import alive, sockets
 
@@ -94,7 +96,7 @@ def test_the_http_server_follows_it(corpora, tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from ragidx.app.server import create_app
+    from ragidx.app.http.server import create_app
 
     index = tmp_path / "index"
     shutil.copytree(corpora["notes"], index)

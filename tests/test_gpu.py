@@ -10,6 +10,7 @@ import torch
 
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.local.faiss_index import new_vector_index
+from ragidx.indexer.storage.vector_store import VectorQuery
 
 SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "sample_corpus"
 
@@ -30,13 +31,13 @@ def test_exact_search_on_the_gpu_equals_the_cpu():
     ids = np.arange(7, 5007, dtype=np.int64)
     cpu = new_vector_index(VectorIndexSettings(requested="flat"), vectors, ids)
     queries = vectors[:50]
-    expected_scores, expected_ids = cpu.search(queries, 10)
+    expected_scores, expected_ids = cpu.search(VectorQuery(queries, 10))
     assert cpu.use_gpu()
-    scores, found = cpu.search(queries, 10)
+    scores, found = cpu.search(VectorQuery(queries, 10))
     np.testing.assert_array_equal(found, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, atol=1e-4)
     allowed = ids[::7]  # filtered searches stay on the CPU index and stay exact
-    np.testing.assert_array_equal(cpu.search(queries, 5, allowed=allowed)[1][:, 0] % 7, 0)
+    np.testing.assert_array_equal(cpu.search(VectorQuery(queries, 5, allowed=allowed))[1][:, 0] % 7, 0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")

@@ -108,7 +108,7 @@ def test_links_to_outside_special_files_and_huge_files_are_skipped_not_read(tmp_
 
 
 def test_a_document_swapped_for_a_link_after_indexing_is_not_served(small_index, tmp_path):
-    from ragidx.app.mcp_server import create_server, current_text
+    from ragidx.app.mcp.server import create_server, current_text
 
     corpus, index = small_index
     secret = write(tmp_path / "outside", {"secret.md": "The vault code is plover-seventeen.\n"})
@@ -230,7 +230,7 @@ def test_the_http_server_checks_host_token_and_inputs(small_index):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from ragidx.app.server import create_app
+    from ragidx.app.http.server import create_app
 
     _, index = small_index
     with Index.open(index, device="cpu") as opened:
@@ -291,8 +291,8 @@ def test_slow_requests_are_cut_off_and_connections_capped(small_index):
     import httpx
     import uvicorn
 
-    from ragidx.app.http_limits import limited_protocol
-    from ragidx.app.server import create_app, listening_socket
+    from ragidx.app.http.limits import limited_protocol
+    from ragidx.app.http.server import create_app, listening_socket
 
     _, index = small_index
     with Index.open(index, device="cpu") as opened:

@@ -61,12 +61,12 @@ OPTIONAL_EXTRAS = {
 # that load them are imported by the one command that needs them.
 LOCAL_OWN_IMPORTS = {
     "cli": {
-        "app.server",
-        "app.scheduler",
-        "app.mcp_server",
-        "app.mcp_stdio",
-        "app.daemon",
-        "app.command_server",
+        "app.http.server",
+        "app.service.scheduler",
+        "app.mcp.server",
+        "app.mcp.stdio",
+        "app.daemon.server",
+        "app.daemon.command_server",
     },
     "app.commands.research": {
         "app.research.bench",
@@ -76,7 +76,12 @@ LOCAL_OWN_IMPORTS = {
     },
     "__main__": {"cli"},  # the console script: the CLI where the command server takes nothing
     # a request answered here, where no daemon answers: the model stack, loaded only then
-    "app.index_request": {"app.operations", "app.retriever", "app.scheduler", "app.served_index"},
+    "app.daemon.index_request": {
+        "app.service.operations",
+        "app.retriever",
+        "app.service.scheduler",
+        "app.service.served_index",
+    },
 }
 
 
@@ -160,6 +165,35 @@ def test_the_engine_is_in_sub_packages_that_import_one_way(modules):
     assert not wrong
     top = [m.name for m in modules if package_of(m.name) == "indexer"]
     assert len(top) <= MAX_TOP_MODULES, top
+
+
+# Inside app: the transports (HTTP, the daemon, MCP, the frameworks' adapters) above the service
+# layer that serves an index to many clients (scheduler, served index, operations, request types),
+# above the library API (Index, Embedder, generation, answering, reranking, the catalog) at app's
+# top; research and the command line above the library. What each package may import besides itself.
+APP_LAYERS = {
+    "app": set(),
+    "app.service": {"app"},
+    "app.http": {"app", "app.service"},
+    "app.daemon": {"app", "app.service"},
+    "app.mcp": {"app", "app.service"},
+    "app.integrations": {"app", "app.service", "app.daemon"},  # the llm plugin asks the daemon
+    "app.research": {"app"},
+    "app.commands": {"app", "app.research"},
+}
+
+
+def test_app_is_in_sub_packages_that_import_one_way(modules):
+    in_app = [m for m in modules if layer(m.name) in ("app", "app.commands")]
+    assert {package_of(m.name) for m in in_app} == set(APP_LAYERS)
+    wrong = [
+        f"{module.name} imports {target}"
+        for module in in_app
+        for target in module.top | module.local | module.typed
+        if layer(target) in ("app", "app.commands")
+        and package_of(target) not in APP_LAYERS[package_of(module.name)] | {package_of(module.name)}
+    ]
+    assert not wrong
 
 
 def test_the_command_line_reaches_the_engine_only_through_the_app(modules):
@@ -261,7 +295,9 @@ def test_the_wheel_ships_and_imports_every_package(tmp_path):
 def test_storage_reads_of_ingest_only_the_spans_it_stores(modules):
     """Text extraction (ingest/sources) stays out of storage's way: a chunk's spans and the pages
     they touch are :mod:`ragidx.indexer.ingest.spans`', the language a text is in and how it is
-    stemmed :mod:`ragidx.indexer.ingest.languages`' (types it stores may be named for mypy)."""
+    stemmed :mod:`ragidx.indexer.ingest.languages`', which files may be opened again (an index's
+    settings store its roots and size bound) :mod:`ragidx.indexer.ingest.access`' (types it stores
+    may be named for mypy)."""
     read = {
         target
         for m in modules
@@ -269,7 +305,8 @@ def test_storage_reads_of_ingest_only_the_spans_it_stores(modules):
         for target in m.top | m.local
         if package_of(target) == "indexer.ingest"
     }
-    assert read <= {"indexer.ingest", "indexer.ingest.spans", "indexer.ingest.languages"}
+    allowed = {"indexer.ingest", "indexer.ingest.spans", "indexer.ingest.languages", "indexer.ingest.access"}
+    assert read <= allowed
 
 
 def test_each_vector_store_is_a_sub_package_that_alone_knows_its_files():

@@ -90,7 +90,7 @@ def test_tools_answer_as_the_python_api_does(mcp_index):
 def test_every_tool_uses_the_model_on_the_schedulers_thread(mcp_index, index_threads):
     """Tools run on the SDK's worker threads; every use of the model (the searches' embeddings,
     its load) runs on the server's scheduler's one thread, and the rest never waits for it."""
-    from ragidx.app.mcp_server import create_server
+    from ragidx.app.mcp.server import create_server
 
     used = index_threads("embed")
 

@@ -167,8 +167,8 @@ def live(app) -> Iterator[str]:
     """``app`` served by uvicorn on a free loopback port, for clients that open their own connections."""
     import uvicorn
 
-    from ragidx.app.http_limits import limited_protocol
-    from ragidx.app.server import listening_socket
+    from ragidx.app.http.limits import limited_protocol
+    from ragidx.app.http.server import listening_socket
 
     sock = listening_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, http=limited_protocol(), log_level="critical"))
@@ -186,7 +186,7 @@ def live(app) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def served(index) -> Iterator[tuple[str, Index]]:
     pytest.importorskip("fastapi")
-    from ragidx.app.server import create_app
+    from ragidx.app.http.server import create_app
 
     opened = Index.open(index, device="cpu")
     with live(create_app(opened, token="s3cret")) as url:
@@ -271,7 +271,7 @@ def test_openai_clients_get_the_vectors_of_each_role(served):
 def test_serve_a_model_without_an_index(tiny_models):
     openai = pytest.importorskip("openai")
     from ragidx.app import Embedder
-    from ragidx.app.server import create_app
+    from ragidx.app.http.server import create_app
 
     embedder = Embedder(str(tiny_models["llama"]), "mean", device="cpu")
     with live(create_app(embedder)) as url:
@@ -413,7 +413,7 @@ def test_the_rag_page_examples_run(index, tmp_path, monkeypatch):
     import shlex
     import shutil
 
-    from ragidx.app.server import create_app
+    from ragidx.app.http.server import create_app
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "rag.md").read_text(encoding="utf-8")
     shutil.copytree(index, tmp_path / "my-index")

@@ -9,9 +9,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from ragidx.app import Index, reranking, served_index
+from ragidx.app import Index, reranking
 from ragidx.app.generation import LocalGenerator
-from ragidx.app.server import create_app
+from ragidx.app.http.server import create_app
+from ragidx.app.service import served_index
 from tests.support.cli import assert_one_line_error, ragidx
 
 QUESTION = "how do I reset my password"

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from ragidx.app import Index
-from ragidx.app.scheduler import Busy, Cancelled, Scheduler
-from ragidx.app.served_index import ServedIndex
+from ragidx.app.service.scheduler import Busy, Scheduler
+from ragidx.app.service.served_index import ServedIndex
+from ragidx.indexer.errors import Cancelled
 from tests.support.chat_server import FakeChat
 from tests.support.cli import RAGIDX, child_env, ragidx
 from tests.support.daemon import alive, sockets
@@ -317,7 +318,7 @@ def test_a_local_answer_is_written_a_token_per_slice_as_transformers_would(instr
 
     from ragidx.app.answering import messages
     from ragidx.app.generation import stop_ids
-    from ragidx.app.served_index import Asked
+    from ragidx.app.service.served_index import Asked
     from ragidx.indexer.search.options import SearchOptions
 
     scheduler = Scheduler()
@@ -457,7 +458,7 @@ def test_a_daemon_killed_mid_answer_is_reported_not_asked_again(daemon_env, inst
 
 @contextlib.contextmanager
 def running_daemon(folder: Path):
-    from ragidx.app.daemon import Daemon
+    from ragidx.app.daemon.server import Daemon
 
     daemon = Daemon(folder / "d.sock", idle=120)
     runner = threading.Thread(target=daemon.run)

@@ -10,8 +10,8 @@ import pytest
 
 from ragidx.app import SearchOptions
 from ragidx.app.catalog import FILTER_KINDS, SEARCH_OPTION_SPECS
-from ragidx.app.mcp_server import create_server
-from ragidx.app.schemas import SearchBody
+from ragidx.app.mcp.server import create_server
+from ragidx.app.service.schemas import SearchBody
 from ragidx.cli import query
 from ragidx.indexer.errors import RagidxError
 

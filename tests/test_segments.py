@@ -20,6 +20,7 @@ from ragidx.indexer.storage.local.segments import (
     plan_merge,
 )
 from ragidx.indexer.storage.reader import IndexReader
+from ragidx.indexer.storage.vector_store import VectorQuery
 from ragidx.indexer.storage.writer import IndexWriter
 from tests.support.index_files import segment_vectors
 from tests.support.index_records import record, vectors
@@ -104,14 +105,14 @@ def test_updates_add_segments_that_search_as_one_exact_index(tmp_path):
     loaded = reader.load_vectors()
     assert loaded.live_count == len(ids)
     queries = vectors(5, 99)
-    scores, found = loaded.search(queries, 10)
+    scores, found = loaded.search(VectorQuery(queries, 10))
     np.testing.assert_array_equal(found, exact(ids, stored, queries, 10))
     np.testing.assert_allclose(scores, np.sort(queries @ stored.T, axis=1)[:, ::-1][:, :10], rtol=1e-5)
     allowed = np.sort(rng.choice(ids, 7, replace=False))
-    found = loaded.search(queries, 10, allowed=allowed)[1]
+    found = loaded.search(VectorQuery(queries, 10, allowed=allowed))[1]
     rows = np.isin(ids, allowed)
     np.testing.assert_array_equal(found, exact(ids[rows], stored[rows], queries, 7))
-    _, everything = loaded.search(queries, 1000)
+    _, everything = loaded.search(VectorQuery(queries, 1000))
     assert sorted(everything[0].tolist()) == ids.tolist()  # deleted vectors never come back
     rows = reader.vector_parts()
     lives = [row["vectors"] - row["deleted"] for row in rows]
@@ -132,9 +133,11 @@ def test_a_reader_following_updates_reads_only_new_segments(tmp_path):
     assert followed.parts[0].index is first.parts[0].index  # not read again
     assert fresh.parts[0].index is not first.parts[0].index
     queries = vectors(4, 7)
-    for got, want in zip(followed.search(queries, 300), fresh.search(queries, 300), strict=True):
+    for got, want in zip(
+        followed.search(VectorQuery(queries, 300)), fresh.search(VectorQuery(queries, 300)), strict=True
+    ):
         np.testing.assert_array_equal(got, want)
-    assert not np.isin(followed.search(queries, 300)[1], np.arange(31, 41)).any()  # d3's chunks
+    assert not np.isin(followed.search(VectorQuery(queries, 300))[1], np.arange(31, 41)).any()  # d3's chunks
     reader.close()
 
 
@@ -211,7 +214,7 @@ def test_an_index_from_before_segments_is_read_then_upgraded(tmp_path):
     assert [(r["file"], r["vectors"], r["deleted"]) for r in reader.vector_parts()] == [
         ("vectors-1.faiss", 8, 1)
     ]
-    found = reader.load_vectors().search(vectors(8, 0), 8)[1]
+    found = reader.load_vectors().search(VectorQuery(vectors(8, 0), 8))[1]
     assert 2 not in found and sorted(found[0].tolist()) == [1, 3, 4, 5, 6, 7, 8]
     reader.close()
     write(tmp_path, [record("c", ["z"])], vectors(1, 1))

@@ -22,8 +22,8 @@ uvicorn = pytest.importorskip("uvicorn")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from ragidx.app import Index  # noqa: E402
-from ragidx.app.scheduler import Scheduler  # noqa: E402
-from ragidx.app.server import create_app  # noqa: E402
+from ragidx.app.http.server import create_app  # noqa: E402
+from ragidx.app.service.scheduler import Scheduler  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ def test_the_console_script_loads_only_what_handing_over_a_query_takes(tmp_path)
         "import re; from ragidx.__main__ import launcher; assert launcher.forwarded(['query', 'x']) is None"
     )
     own = {name for name in script if name.partition(".")[0] == "ragidx"}
-    assert "ragidx.app.daemon_address" in own and not own & {"ragidx.cli", "ragidx.app.daemon_client"}
+    assert "ragidx.app.daemon.address" in own and not own & {"ragidx.cli", "ragidx.app.daemon.client"}
     assert script - own - needed == set()
 
 

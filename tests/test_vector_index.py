@@ -12,6 +12,7 @@ from ragidx.indexer.storage import index_settings
 from ragidx.indexer.storage.index_settings import VectorIndexSettings, flat_limit
 from ragidx.indexer.storage.local import faiss_index as vector_index
 from ragidx.indexer.storage.local.faiss_index import new_vector_index, sized_settings, stored_ids
+from ragidx.indexer.storage.vector_store import VectorQuery
 
 DIMENSION = 32
 N = 2000
@@ -46,13 +47,15 @@ def test_each_type_finds_the_exact_neighbours():
     truth = exact(IDS, VECTORS, QUERIES, 10)
     flat = built("flat")
     assert flat.settings.kind == "flat"
-    np.testing.assert_array_equal(flat.search(QUERIES, 10)[1], truth)
+    np.testing.assert_array_equal(flat.search(VectorQuery(QUERIES, 10))[1], truth)
     ivf = built("ivf")
     assert ivf.settings.ivf_lists == 32 and ivf.settings.trained_on == N  # 2^round(log2 sqrt 2000) lists
-    np.testing.assert_array_equal(ivf.search(QUERIES, 10, nprobe=ivf.settings.ivf_lists)[1], truth)
+    np.testing.assert_array_equal(
+        ivf.search(VectorQuery(QUERIES, 10, nprobe=ivf.settings.ivf_lists))[1], truth
+    )
     hnsw = built("hnsw")
-    assert recall(hnsw.search(QUERIES, 10, ef_search=200)[1], truth) >= 0.99
-    scores, ids = hnsw.search(QUERIES, 10)
+    assert recall(hnsw.search(VectorQuery(QUERIES, 10, ef_search=200))[1], truth) >= 0.99
+    scores, ids = hnsw.search(VectorQuery(QUERIES, 10))
     rows = {i: row for i, row in zip(IDS, VECTORS, strict=True)}
     np.testing.assert_allclose(scores[0], [QUERIES[0] @ rows[i] for i in ids[0]], rtol=1e-5)
 
@@ -70,7 +73,10 @@ def test_nprobe_limits_the_lists_scanned():
         for i in vector_index.list_ids(ivf.index.invlists, list_no)
     }
     nearest = ivf.index.quantizer.search(queries.astype(np.float32), 1)[1][:, 0]
-    probed, full = ivf.search(queries, 10)[1], ivf.search(queries, 10, nprobe=10_000)[1]
+    probed, full = (
+        ivf.search(VectorQuery(queries, 10))[1],
+        ivf.search(VectorQuery(queries, 10, nprobe=10_000))[1],
+    )
     assert all({members[int(i)] for i in ids if i >= 0} == {nearest[row]} for row, ids in enumerate(probed))
     assert any(len({members[int(i)] for i in ids}) > 1 for ids in full)
     np.testing.assert_array_equal(full, exact(IDS, vectors, queries.astype(np.float32), 10))
@@ -91,10 +97,12 @@ def test_tombstoned_vectors_are_never_returned(kind):
     keep = ~np.isin(IDS, removed)
     assert vectors.ntotal == N and vectors.live_count == keep.sum()
     truth = exact(IDS[keep], VECTORS[keep], QUERIES, 10)
-    found = vectors.search(QUERIES, 10, ef_search=400, nprobe=10_000)[1]
+    found = vectors.search(VectorQuery(QUERIES, 10, ef_search=400, nprobe=10_000))[1]
     assert not np.isin(found, removed).any()
     assert recall(found, truth) >= (0.99 if kind == "hnsw" else 1.0)
-    own = vectors.search(VECTORS[:100:3], 1, ef_search=200)[1]  # each removed vector's nearest is itself
+    own = vectors.search(VectorQuery(VECTORS[:100:3], 1, ef_search=200))[
+        1
+    ]  # each removed vector's nearest is itself
     assert not np.isin(own, removed).any()
 
 
@@ -102,11 +110,11 @@ def test_tombstoned_vectors_are_never_returned(kind):
 def test_filtered_search_is_exact_among_the_allowed(kind):
     vectors = built(kind)
     for allowed in (IDS[::500], IDS[1::2]):  # 4 ids: answered exactly; 1000 ids: selector
-        scores, ids = vectors.search(QUERIES, 10, allowed=allowed, ef_search=400, nprobe=10_000)
+        scores, ids = vectors.search(VectorQuery(QUERIES, 10, allowed=allowed, ef_search=400, nprobe=10_000))
         rows = np.isin(IDS, allowed)
         truth = exact(IDS[rows], VECTORS[rows], QUERIES, min(10, len(allowed)))
         assert np.isin(ids, allowed).all() and recall(ids, truth) >= 0.99
-    scores, ids = vectors.search(QUERIES[:1], 10, allowed=IDS[5:6])
+    scores, ids = vectors.search(VectorQuery(QUERIES[:1], 10, allowed=IDS[5:6]))
     assert ids.tolist() == [[IDS[5]]] and scores[0][0] == pytest.approx(
         float(QUERIES[0] @ VECTORS[5]), abs=1e-5
     )
@@ -118,7 +126,7 @@ def test_a_filter_that_ann_misses_falls_back_to_exact(monkeypatch):
     monkeypatch.setattr(vector_index, "EXACT_BLOCK", 7)  # the exact pass keeps a running top k
     vectors = built("ivf", nprobe=1)
     allowed = IDS[::50]
-    ids = vectors.search(QUERIES, 10, allowed=allowed)[1]
+    ids = vectors.search(VectorQuery(QUERIES, 10, allowed=allowed))[1]
     rows = np.isin(IDS, allowed)
     np.testing.assert_array_equal(ids, exact(IDS[rows], VECTORS[rows], QUERIES, 10))
 
@@ -157,10 +165,10 @@ def test_settings_validate_and_describe():
 
 def test_an_empty_index_answers_nothing():
     empty = new_vector_index(VectorIndexSettings(requested="ivf"), VECTORS[:0], IDS[:0])
-    assert empty.search(QUERIES, 10)[1].shape == (len(QUERIES), 0)
+    assert empty.search(VectorQuery(QUERIES, 10))[1].shape == (len(QUERIES), 0)
     everything_deleted = built("flat")
     everything_deleted.tombstones = IDS
-    assert everything_deleted.search(QUERIES, 10)[1].shape == (len(QUERIES), 0)
+    assert everything_deleted.search(VectorQuery(QUERIES, 10))[1].shape == (len(QUERIES), 0)
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
@@ -177,7 +185,7 @@ def test_one_query_searches_on_one_faiss_thread_and_the_count_comes_back(kind, m
         return search(self, *args, **kwargs)
 
     monkeypatch.setattr(type(index.index), "search", counting)
-    one = index.search(QUERIES[:1], 10)
-    many = index.search(QUERIES, 10)
+    one = index.search(VectorQuery(QUERIES[:1], 10))
+    many = index.search(VectorQuery(QUERIES, 10))
     assert seen == [1, 2] and faiss.omp_get_max_threads() == 2
     np.testing.assert_array_equal(one[1], many[1][:1])  # the same neighbours either way

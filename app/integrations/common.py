@@ -1,6 +1,6 @@
 """What both frameworks' adapters share: an open index or a model to embed with, its model used
 through a scheduler of its own (a framework may call from several threads: its async calls run in
-a pool; see :mod:`ragidx.app.scheduler`), and a hit's fields as a framework's metadata."""
+a pool; see :mod:`ragidx.app.service.scheduler`), and a hit's fields as a framework's metadata."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 
 from ragidx.app.embedder import Embedder
 from ragidx.app.retriever import Hit, Index, SearchOptions
-from ragidx.app.scheduler import Scheduler
-from ragidx.app.served_index import ServedIndex, embed_in_slices
+from ragidx.app.service.scheduler import Scheduler
+from ragidx.app.service.served_index import ServedIndex, embed_in_slices
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.roles import Role
 from ragidx.indexer.search.options import SEARCH_OPTION_SPECS

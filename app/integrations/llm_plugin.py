@@ -4,7 +4,7 @@
 `llm` imports this module (the ``llm`` entry point in pyproject.toml) for every command it runs,
 so it imports nothing heavy. Each ``llm`` command is a process of its own: the search goes to the
 per-user daemon, which keeps the index's model loaded, as ``ragidx query --context`` does
-(:class:`~ragidx.app.index_request.IndexRequest`), and gives the same passages.
+(:class:`~ragidx.app.daemon.index_request.IndexRequest`), and gives the same passages.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import llm
 
 import ragidx.app as api
-from ragidx.app.index_request import IndexRequest
+from ragidx.app.daemon.index_request import IndexRequest
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS as DEFAULT_CONTEXT_TOKENS
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ragidx.indexer.build.settings import IndexSettings
+from ragidx.indexer.build.settings import load_strategy
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import under
 from ragidx.indexer.ingest.changes import absolute_roots
@@ -18,6 +18,7 @@ from ragidx.indexer.storage import repair as mend
 from ragidx.indexer.storage.database import all_chunk_ids, damage, writable
 from ragidx.indexer.storage.location import index_exists, no_index
 from ragidx.indexer.storage.reader import IndexReader
+from ragidx.indexer.storage.settings import IndexSettings
 from ragidx.indexer.storage.writer import IndexWriter
 from ragidx.indexer.wording import counted
 
@@ -232,7 +233,7 @@ def _check_vectors(index: IndexReader | IndexWriter, report: CheckReport, repair
                 restored,
                 reembed(
                     writer,
-                    IndexSettings.of_index(index.meta, index.directory).load_strategy(device),
+                    load_strategy(IndexSettings.of_index(index.meta, index.directory), device),
                     restored,
                 ),
             )

@@ -28,7 +28,7 @@ from ragidx.indexer.build.sampling import (
     unread_sample,
     vectors_help,
 )
-from ragidx.indexer.build.settings import BuildOptions, IndexSettings, resolve
+from ragidx.indexer.build.settings import BuildOptions, resolve
 from ragidx.indexer.build.tuning import (
     TuningReport,
     build_queries,
@@ -47,6 +47,7 @@ from ragidx.indexer.progress import notice
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
+from ragidx.indexer.storage.settings import IndexSettings
 from ragidx.indexer.storage.vector_store import StoreSpec
 from ragidx.indexer.storage.writer import Committed, IndexWriter, NextGeneration
 from ragidx.indexer.strategies import Strategy

@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from ragidx.indexer.build.settings import IndexSettings
+from ragidx.indexer.build.settings import load_strategy
 from ragidx.indexer.ingest.spans import Span
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.search.engine import Ranked, SearchEngine, no_vectors
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.reader import IndexReader
+from ragidx.indexer.storage.settings import IndexSettings
 
 if TYPE_CHECKING:
     from ragidx.indexer.storage.writer import IndexWriter
@@ -404,7 +405,7 @@ def tune_and_store(
 
     @functools.cache
     def index_strategy() -> Strategy:
-        return strategy or IndexSettings.of_index(reader.meta, reader.directory).load_strategy(device)
+        return strategy or load_strategy(IndexSettings.of_index(reader.meta, reader.directory), device)
 
     try:
         engine = SearchEngine(reader, lambda texts: index_strategy().encode(list(texts), "query"), device)

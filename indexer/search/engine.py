@@ -25,6 +25,7 @@ from ragidx.indexer.search.options import SearchOptions, check_queries
 from ragidx.indexer.search.snippets import make_snippet, query_stems
 from ragidx.indexer.storage.filters import Filters
 from ragidx.indexer.storage.reader import IndexReader
+from ragidx.indexer.storage.vector_store import VectorQuery
 
 SNAPSHOT_ATTEMPTS = 5
 
@@ -239,7 +240,7 @@ class SearchEngine:
     ) -> list[list[tuple[int, float]]]:
         """Nearest chunks by inner product; ``allowed`` ids restrict the search itself, so
         filtered-out chunks never cost results (see :meth:`VectorIndex.search`)."""
-        scores, ids = self._vectors.search(vectors, limit, allowed, **tuning)
+        scores, ids = self._vectors.search(VectorQuery(vectors, limit, allowed, **tuning))
         return [
             [(int(i), float(s)) for s, i in zip(row_scores, row_ids, strict=True) if i >= 0]
             for row_scores, row_ids in zip(scores, ids, strict=True)

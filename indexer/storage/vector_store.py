@@ -27,19 +27,25 @@ if TYPE_CHECKING:
     from ragidx.indexer.storage.index_settings import VectorIndexSettings
 
 
+@dataclass(frozen=True)
+class VectorQuery:
+    """One search of a generation's vectors, as every store takes it: the query vectors (a row
+    each), how many chunks each finds, the chunk ids it may find (ascending; None: any live one)
+    and an ANN index's breadth for this search (None: the index's own ``ef_search``/``nprobe``)."""
+
+    queries: np.ndarray
+    limit: int
+    allowed: np.ndarray | None = None
+    ef_search: int | None = None
+    nprobe: int | None = None
+
+
 class LoadedVectors(Protocol):
     """A committed generation's vectors, ready to search."""
 
-    def search(
-        self,
-        queries: np.ndarray,
-        limit: int,
-        allowed: np.ndarray | None = None,
-        ef_search: int | None = None,
-        nprobe: int | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Inner-product scores and chunk ids, best first, per query; ``allowed`` ids restrict the
-        search itself; -1 ids pad rows with fewer hits."""
+    def search(self, query: VectorQuery) -> tuple[np.ndarray, np.ndarray]:
+        """Inner-product scores and chunk ids, best first, per query row; the query's ``allowed``
+        ids restrict the search itself; -1 ids pad rows with fewer hits."""
         ...
 
     def live_vectors(self) -> tuple[np.ndarray, np.ndarray]:

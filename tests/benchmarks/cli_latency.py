@@ -2,7 +2,7 @@
 run again and again (the daemon's warm path), each as its own process, wall clock included.
 
 Usage: python -m tests.benchmarks.cli_latency [--corpus sample_corpus] [--queries 20] [--model M]
-       [--dtype D] [--skip-build] [--entry ragidx.app.launcher:main]
+       [--dtype D] [--skip-build] [--entry ragidx.app.daemon.launcher:main]
 
 Runs ragidx with bytecode caching on, as installed from a wheel. Prints the default build's time
 (`ragidx build CORPUS --rebuild`), a conflicting build's refusal (`--strategy htp` against the
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ENTRY = "ragidx.app.launcher:main"  # the console script's, pyproject.toml [project.scripts]
+ENTRY = "ragidx.app.daemon.launcher:main"  # the console script's, pyproject.toml [project.scripts]
 CORPUS = Path(__file__).resolve().parents[2] / "sample_corpus"
 QUERIES = [
     "why are there two tides a day?",

@@ -68,6 +68,7 @@ def vector_files(directory: Path) -> tuple[int, int]:
 
 def search_ms(directory: Path, dimension: int) -> float:
     from ragidx.indexer.storage.reader import IndexReader
+    from ragidx.indexer.storage.vector_store import VectorQuery
 
     reader = IndexReader(directory)
     vectors = reader.load_vectors()
@@ -75,7 +76,7 @@ def search_ms(directory: Path, dimension: int) -> float:
     times = []
     for query in queries:
         started = time.perf_counter()
-        vectors.search(query[None], 10)
+        vectors.search(VectorQuery(query[None], 10))
         times.append(time.perf_counter() - started)
     reader.close()
     return 1000 * statistics.median(times)

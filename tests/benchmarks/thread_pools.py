@@ -4,7 +4,7 @@
   (ragidx's way, ``one_thread_for_one_query`` in indexer/storage/vector_index.py) against FAISS on
   all of its threads; prints the medians of embedding the query and of the search (k=10).
 - ``--compare daemon``: the daemon's model work on its scheduler's one thread (ragidx's way,
-  app/scheduler.py) against each request's own thread (the scheduler's calls run where they are
+  app/service/scheduler.py) against each request's own thread (the scheduler's calls run where they are
   made), and the main thread alone for reference; each request comes from a new thread, as a
   connection does, 50 ms apart; prints the median of a hybrid search answered by ``Daemon.answer``.
 - ``--compare http``: the HTTP API (``create_app`` through Starlette's test client) with the model
@@ -85,7 +85,7 @@ def faiss_threads(index_dir: str, queries: int, setting: str) -> str:
 
 
 def daemon_threads(index_dir: str, queries: int, setting: str) -> str:
-    from ragidx.app.daemon import Daemon
+    from ragidx.app.daemon.server import Daemon
 
     with tempfile.TemporaryDirectory(prefix="rgx-") as scratch:
         daemon = Daemon(Path(scratch) / "d.sock", idle=600)
@@ -115,8 +115,8 @@ def http_threads(index_dir: str, queries: int, setting: str) -> str:
     from fastapi.testclient import TestClient
 
     from ragidx.app import Index
-    from ragidx.app.scheduler import Scheduler
-    from ragidx.app.server import create_app
+    from ragidx.app.http.server import create_app
+    from ragidx.app.service.scheduler import Scheduler
 
     index = Index.open(index_dir)
     scheduler = Scheduler()

@@ -52,10 +52,12 @@ def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
 
 
 def timed_queries(index, queries: np.ndarray, k: int, **tuning) -> tuple[np.ndarray, list[float]]:
+    from ragidx.indexer.storage.vector_store import VectorQuery
+
     found, times = [], []
     for query in queries:
         started = time.perf_counter()
-        _, ids = index.search(query[None, :], k, **tuning)
+        _, ids = index.search(VectorQuery(query[None, :], k, **tuning))
         times.append((time.perf_counter() - started) * 1000)
         found.append(ids[0])
     return np.array(found), times

@@ -18,6 +18,7 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.storage.faiss_module import faiss_module
 from ragidx.indexer.storage.index_settings import VectorIndexSettings, default_nlist
+from ragidx.indexer.storage.vector_store import VectorQuery
 
 if TYPE_CHECKING:
     import faiss
@@ -65,20 +66,14 @@ class VectorIndex:
     def live_count(self) -> int:
         return self.ntotal - len(self.tombstones)
 
-    def search(
-        self,
-        queries: np.ndarray,
-        limit: int,
-        allowed: np.ndarray | None = None,
-        ef_search: int | None = None,
-        nprobe: int | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, query: VectorQuery) -> tuple[np.ndarray, np.ndarray]:
         """Inner-product scores and ids, best first (-1 ids pad rows with fewer hits).
 
         ``allowed`` (ascending chunk ids) restricts the search; a small allowed set, or an ANN
         search that found fewer than ``limit`` of them, is answered exactly from the stored
         vectors, so a filter never costs results.
         """
+        queries, limit, allowed = query.queries, query.limit, query.allowed
         if queries.shape[1] != self.index.d:
             raise RagidxError(
                 f"the query has {queries.shape[1]} dimensions and the stored vectors {self.index.d}: the "
@@ -90,7 +85,7 @@ class VectorIndex:
             return empty.astype(np.float32), empty.astype(np.int64)
         limit = min(limit, pool)
         with one_thread_for_one_query(len(queries)):
-            return self._search(queries, limit, allowed, ef_search, nprobe)
+            return self._search(queries, limit, allowed, query.ef_search, query.nprobe)
 
     def _search(
         self,

@@ -27,6 +27,7 @@ from ragidx.indexer.faults import checkpoint
 from ragidx.indexer.storage.faiss_module import faiss_module
 from ragidx.indexer.storage.index_settings import VectorIndexSettings
 from ragidx.indexer.storage.local.faiss_index import VectorIndex, new_vector_index, stored_ids
+from ragidx.indexer.storage.vector_store import VectorQuery
 
 if TYPE_CHECKING:
     import faiss
@@ -399,21 +400,15 @@ class SegmentedVectors:
         """Search flat segments on the GPU (see :meth:`VectorIndex.use_gpu`); whether any moved."""
         return any([part.use_gpu() for part in self.parts])
 
-    def search(
-        self,
-        queries: np.ndarray,
-        limit: int,
-        allowed: np.ndarray | None = None,
-        ef_search: int | None = None,
-        nprobe: int | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, query: VectorQuery) -> tuple[np.ndarray, np.ndarray]:
         """Each segment's best ``limit`` (``allowed`` cut to its live ids), merged by score."""
         found = []
         for part, live in zip(self.parts, self.live, strict=True):
+            allowed = query.allowed
             scoped = None if allowed is None else np.intersect1d(allowed, live, assume_unique=True)
             if scoped is None or len(scoped):
-                found.append(part.search(queries, limit, scoped, ef_search, nprobe))
-        return merge_hits(found, len(queries), limit)
+                found.append(part.search(replace(query, allowed=scoped)))
+        return merge_hits(found, len(query.queries), query.limit)
 
     def live_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """Ids (ascending) and vectors of every live vector."""

@@ -33,6 +33,7 @@ from ragidx.indexer.storage.vector_store import (
     StoreKind,
     StoreSpec,
     VectorChange,
+    VectorQuery,
     Written,
 )
 
@@ -272,21 +273,15 @@ class MilvusVectors:
     def use_gpu(self) -> bool:
         return False  # the Milvus server decides where it searches
 
-    def search(
-        self,
-        queries: np.ndarray,
-        limit: int,
-        allowed: np.ndarray | None = None,
-        ef_search: int | None = None,
-        nprobe: int | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, query: VectorQuery) -> tuple[np.ndarray, np.ndarray]:
+        allowed = query.allowed
         expression = self.expression if allowed is None else f"{self.expression} and {id_list(allowed)}"
         params: dict[str, Any] = {}
         if self.settings.requested == "hnsw":
-            params["ef"] = max(ef_search or self.settings.ef_search, min(limit, MAX_TOP_K))
+            params["ef"] = max(query.ef_search or self.settings.ef_search, min(query.limit, MAX_TOP_K))
         elif self.settings.requested == "ivf":
-            params["nprobe"] = nprobe or self.settings.nprobe
-        return self.collection.search(queries, limit, expression, params)
+            params["nprobe"] = query.nprobe or self.settings.nprobe
+        return self.collection.search(query.queries, query.limit, expression, params)
 
     def live_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         return self.collection.scan(self.expression)

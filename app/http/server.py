@@ -1,10 +1,10 @@
 """HTTP API over one open index (FastAPI): search and prompt-ready context (POST with a JSON
-body, or GET with query parameters), embed, OpenAI's embeddings API (:mod:`.openai_api`), health,
+body, or GET with query parameters), embed, OpenAI's embeddings API (:mod:`.openai_routes`), health,
 info, and a search page at ``/``; or over a model without an index (``ragidx serve --model``):
 the embedding routes alone.
 
 The model is loaded once, before the first request. Every use of the model goes through one
-:class:`~ragidx.app.scheduler.Scheduler` (which says why, and how clients take turns), each
+:class:`~ragidx.app.service.scheduler.Scheduler` (which says why, and how clients take turns), each
 request in a job of its client's that a disconnect cancels; what needs no model (health, info,
 the model list, a keyword search) never waits for it. Searches waiting for the model are
 answered together, their queries embedded in one forward. Past the scheduler's bound a request
@@ -33,13 +33,13 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from ragidx import __version__
 from ragidx.app.embedder import Embedder
 from ragidx.app.generation import EndpointError
-from ragidx.app.http_jobs import until_done
-from ragidx.app.http_limits import limited_protocol
-from ragidx.app.openai_api import add_openai_routes, served_name
-from ragidx.app.operations import dispatch
+from ragidx.app.http.jobs import until_done
+from ragidx.app.http.limits import limited_protocol
+from ragidx.app.http.openai_routes import add_openai_routes, served_name
 from ragidx.app.retriever import Index, SearchOptions
-from ragidx.app.scheduler import Busy, Job, Scheduler
-from ragidx.app.schemas import (
+from ragidx.app.service.operations import dispatch
+from ragidx.app.service.scheduler import Busy, Job, Scheduler
+from ragidx.app.service.schemas import (
     DEFAULT_CONTEXT_TOKENS,
     AskBody,
     ContextBody,
@@ -49,7 +49,7 @@ from ragidx.app.schemas import (
     search_options,
     validation_detail,
 )
-from ragidx.app.served_index import ServedIndex, embed_in_slices
+from ragidx.app.service.served_index import ServedIndex, embed_in_slices
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import model_tokenizer
 from ragidx.indexer.roles import Role
@@ -230,7 +230,7 @@ def create_app(
     scheduler: Scheduler | None = None,
 ) -> Callable[..., Awaitable[None]]:
     """The application serving an index, or a model without one (embeddings only), its model
-    used through ``scheduler`` alone (see :mod:`ragidx.app.scheduler`: load it there first, to
+    used through ``scheduler`` alone (see :mod:`ragidx.app.service.scheduler`: load it there first, to
     have it loaded up front). ``llm`` and ``llm_url``: the model that answers ``POST /ask`` (see
     :meth:`Index.ask`; a request cannot name another).
 
@@ -297,9 +297,9 @@ def create_app(
 def add_search_routes(app: FastAPI, index: ServedIndex) -> None:
     """Search and context, by POST with a JSON body or by GET with query parameters (``GET
     /search?q=tides&k=3&path=notes/*``), and the search page. A search that needs the model is
-    answered with every other waiting for it, in one forward (:mod:`ragidx.app.scheduler`); one
+    answered with every other waiting for it, in one forward (:mod:`ragidx.app.service.scheduler`); one
     that does not (keywords, or a hybrid one weighing the vectors 0) never waits for it."""
-    page = resources.files("ragidx.app").joinpath("static/search.html").read_text(encoding="utf-8")
+    page = resources.files("ragidx.app.http").joinpath("static/search.html").read_text(encoding="utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def search_page() -> str:
@@ -415,7 +415,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def run(app: Callable[..., Awaitable[None]], sock: socket.socket) -> None:
-    """Serve ``app`` on ``sock`` until interrupted, each request bounded by :mod:`.http_limits`."""
+    """Serve ``app`` on ``sock`` until interrupted, each request bounded by :mod:`.limits`."""
     import uvicorn
 
     config = uvicorn.Config(app, http=limited_protocol(), log_level="warning")

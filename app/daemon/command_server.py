@@ -4,7 +4,7 @@ the CLI imported already.
 Through the daemon, a query's own process does little: it parses, sends one request and prints.
 Yet it paid for starting Python and importing click and the CLI, more than half of its wall
 clock on a 2-core CPU. The daemon therefore forks this server when it starts (single-threaded,
-before it imports the model stack), and the console script (:mod:`ragidx.app.launcher`) hands it
+before it imports the model stack), and the console script (:mod:`ragidx.app.daemon.launcher`) hands it
 ``query`` and ``ask``: the script's file descriptors 0-2 over the Unix socket (``SCM_RIGHTS``),
 with its arguments, working folder and environment. The server forks a child per command, which
 takes those as its own and runs the CLI's ``main`` on them, so the terminal, pipes, colour,
@@ -29,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ragidx.app import daemon_address, daemon_client
+from ragidx.app.daemon import address as daemon_address
+from ragidx.app.daemon import client as daemon_client
 
 REQUEST_SECONDS = 5.0  # for a client to send its whole command once connected
 STOP_SECONDS = 2.0  # a stopping daemon waits this long for the server to withdraw its socket

@@ -1,4 +1,4 @@
-"""HTTP requests as jobs of the scheduler (:mod:`ragidx.app.scheduler`), cancelled when their client
+"""HTTP requests as jobs of the scheduler (:mod:`ragidx.app.service.scheduler`), cancelled when their client
 disconnects: ``ragidx serve``'s routes run their work through :func:`until_done`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from ragidx.app.scheduler import Job, Scheduler
+from ragidx.app.service.scheduler import Job, Scheduler
 
 DISCONNECT_POLL_SECONDS = 0.5  # a client that went away is noticed within this
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """Where this user's daemon listens: its private folder and its socket's name.
 
-The console script (:mod:`ragidx.app.launcher`) reads this on every ``ragidx query``, so it
+The console script (:mod:`ragidx.app.daemon.launcher`) reads this on every ``ragidx query``, so it
 imports only what Python has loaded at start-up anyway, with ``json`` and ``zlib``: ``pathlib``,
 ``typing`` and ``hashlib`` together cost a query ~12 ms here before it sends anything (a wheel
 install, ``python -X importtime``). Paths are therefore plain strings.
@@ -110,5 +110,5 @@ def socket_path() -> str:
 
 def command_socket_path(daemon_socket: str) -> str:
     """Where the command server beside the daemon at ``daemon_socket`` listens
-    (see :mod:`ragidx.app.command_server`)."""
+    (see :mod:`ragidx.app.daemon.command_server`)."""
     return os.path.splitext(daemon_socket)[0] + ".cmd"

@@ -4,7 +4,7 @@ CLI, the daemon and the HTTP server all dispatch through.
 A request is a JSON object: ``{"op": "search", "query": ..., "options": {...}}``, with ``context``
 (``max_tokens``, ``tokenizer``, ``relative_to``) for ``context``, ``ask`` (:class:`Asked`'s fields)
 for ``ask``, and ``texts`` and ``role`` for ``embed``. Each is answered by a :class:`ServedIndex`
-for one client's :class:`~ragidx.app.scheduler.Job`; ``event`` gets what a streamed operation
+for one client's :class:`~ragidx.app.service.scheduler.Job`; ``event`` gets what a streamed operation
 (``ask``) sends on the way: ``{"text": piece}``.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ragidx.app.scheduler import Job
-from ragidx.app.served_index import Asked, ServedIndex
+from ragidx.app.service.scheduler import Job
+from ragidx.app.service.served_index import Asked, ServedIndex
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.search.options import SearchOptions
 

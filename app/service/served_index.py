@@ -3,7 +3,7 @@
 The daemon, ``ragidx serve`` and ``ragidx mcp`` answer searches, context, answers and embeddings
 for clients that come and go. Each request runs on its caller's thread; what needs the model (a
 query's or a text's embedding, a token of a local answer, loading the model) goes to the
-:class:`~ragidx.app.scheduler.Scheduler` in slices, and what does not (a keyword search, a hybrid
+:class:`~ragidx.app.service.scheduler.Scheduler` in slices, and what does not (a keyword search, a hybrid
 search that weighs the vectors 0, context assembly, info, a chat endpoint's answer) never waits
 for it. The index's SQLite and FAISS reads are serialised by :attr:`ServedIndex.reading`, held for
 milliseconds at a time, never while the model runs.
@@ -23,7 +23,8 @@ from ragidx.app.answering import DEFAULT_NEW_TOKENS, Answer, messages, refuse_un
 from ragidx.app.generation import Generated, Generator, LocalGenerator
 from ragidx.app.reranking import BATCH, candidate_options, question_likelihoods, ranked
 from ragidx.app.retriever import Index, check_budget, check_new_tokens, token_counter
-from ragidx.app.scheduler import SLICE_SECONDS, Cancelled, Job, Scheduler
+from ragidx.app.service.scheduler import SLICE_SECONDS, Job, Scheduler
+from ragidx.indexer.errors import Cancelled
 from ragidx.indexer.model.runtime import model_tokenizer
 from ragidx.indexer.search.context import DEFAULT_MAX_TOKENS, Context
 from ragidx.indexer.search.hits import Hit

@@ -1,9 +1,9 @@
 """One request on an index, answered by the per-user daemon where one can be had, else here, through
-the same table of operations (:mod:`ragidx.app.operations`) either way.
+the same table of operations (:mod:`ragidx.app.service.operations`) either way.
 
 The CLI's ``query``, ``ask`` and ``embed --index`` and the ``llm`` plugin
 (:mod:`ragidx.app.integrations.llm_plugin`) all run in short-lived processes, where loading the
-model would cost seconds per call; the daemon holds it loaded (see :mod:`ragidx.app.daemon`).
+model would cost seconds per call; the daemon holds it loaded (see :mod:`ragidx.app.daemon.server`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ragidx.app import daemon_address, daemon_client
+from ragidx.app.daemon import address as daemon_address
+from ragidx.app.daemon import client as daemon_client
 from ragidx.indexer.errors import RagidxError
 
 Event = Callable[[dict[str, Any]], None]
@@ -32,7 +33,7 @@ class IndexRequest:
     no_daemon: bool
 
     def answer(self, request: dict[str, Any], on_event: Event | None = None) -> dict[str, Any]:
-        """The answer to ``request`` (an operation of :mod:`ragidx.app.operations`): the daemon's,
+        """The answer to ``request`` (an operation of :mod:`ragidx.app.service.operations`): the daemon's,
         or this process's where none can be had; ``on_event`` gets what a streamed one sends on
         the way. A daemon that stops after part of a streamed answer is reported, not asked again
         here: the part already printed would be printed twice."""
@@ -55,10 +56,10 @@ class IndexRequest:
 
     def _here(self, request: dict[str, Any], on_event: Event | None) -> dict[str, Any]:
         """The answer computed in this process, by the same operations the daemon runs."""
-        from ragidx.app.operations import dispatch
         from ragidx.app.retriever import Index
-        from ragidx.app.scheduler import Scheduler
-        from ragidx.app.served_index import ServedIndex
+        from ragidx.app.service.operations import dispatch
+        from ragidx.app.service.scheduler import Scheduler
+        from ragidx.app.service.served_index import ServedIndex
 
         with (
             Scheduler() as scheduler,

@@ -1,9 +1,9 @@
 """How the ``ragidx`` console script (``ragidx/__main__.py``) hands a query or a question to the
-command server beside the daemon (:mod:`ragidx.app.command_server`) without importing the CLI;
+command server beside the daemon (:mod:`ragidx.app.daemon.command_server`) without importing the CLI;
 anything else, or when no server answers, the script runs the CLI in its own process.
 
 This module imports only what it takes to hand a command over (a socket, JSON and the daemon's
-socket path, :mod:`ragidx.app.daemon_address`): with them Python starts in about a third of the
+socket path, :mod:`ragidx.app.daemon.address`): with them Python starts in about a third of the
 time it takes to import click and the CLI, which a query through the daemon used to pay on every
 call. ``tests/test_startup.py`` holds it to that.
 """
@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 
-from ragidx.app import daemon_address
+from ragidx.app.daemon import address as daemon_address
 
 FORWARDED = ("query", "ask")  # the commands a daemon answers: the server's children ask it
 

@@ -1,4 +1,4 @@
-"""Talking to the per-user ragidx daemon (see :mod:`ragidx.app.daemon`), without loading anything.
+"""Talking to the per-user ragidx daemon (see :mod:`ragidx.app.daemon.server`), without loading anything.
 
 A search tool runs many times a minute, and each ``ragidx query`` used to pay for importing
 torch, loading a tokenizer and a model: seconds before the first result. The daemon keeps
@@ -6,7 +6,7 @@ indexes and their models loaded; the CLI sends it one JSON request over a Unix s
 the answer. This module is what the CLI needs for that, and it imports nothing heavy: the socket
 path, starting a daemon when none answers, one request and its reply.
 
-Where the socket lives is :mod:`ragidx.app.daemon_address`'s (the console script reads it on
+Where the socket lives is :mod:`ragidx.app.daemon.address`'s (the console script reads it on
 every query); the socket itself is 0600.
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ragidx.app import daemon_address
-from ragidx.app.daemon_address import IDLE_VARIABLE, SILENCE_VARIABLE, DaemonUnavailable
+from ragidx.app.daemon import address as daemon_address
+from ragidx.app.daemon.address import IDLE_VARIABLE, SILENCE_VARIABLE, DaemonUnavailable
 from ragidx.indexer.errors import RagidxError
 
 DEFAULT_IDLE_SECONDS = 600

@@ -1,9 +1,9 @@
 """The per-user daemon: indexes and their models kept loaded for repeated CLI use.
 
 ``ragidx query`` (and ``ragidx ask``, ``ragidx embed --index``) send their request to it over a
-Unix socket (:mod:`ragidx.app.daemon_client`) and print its answer, so only the first call pays for
+Unix socket (:mod:`ragidx.app.daemon.client`) and print its answer, so only the first call pays for
 imports, the tokenizer and the model. Each connection is served by a thread of its own; every use
-of a model goes through one :class:`~ragidx.app.scheduler.Scheduler`, which runs it on one thread,
+of a model goes through one :class:`~ragidx.app.service.scheduler.Scheduler`, which runs it on one thread,
 a slice at a time, the least served job first, so a long embed or a streamed answer holds nobody else up
 for more than a slice, and a keyword search (or a hybrid one that weighs the vectors 0) never
 waits for the model at all. Every request first follows the index at its path (a new generation,
@@ -38,12 +38,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ragidx.app.command_server import CommandServer
-from ragidx.app.daemon_client import listen
-from ragidx.app.operations import dispatch
+from ragidx.app.daemon.client import listen
+from ragidx.app.daemon.command_server import CommandServer
 from ragidx.app.retriever import Index
-from ragidx.app.scheduler import Busy, Scheduler
-from ragidx.app.served_index import ServedIndex
+from ragidx.app.service.operations import dispatch
+from ragidx.app.service.scheduler import Busy, Scheduler
+from ragidx.app.service.served_index import ServedIndex
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.strategies.traced_readout import SETTLING_CALLS, SETTLING_TEXT
 

@@ -4,7 +4,7 @@ document as a ``file://`` resource.
 
 Agents and editors speak the Model Context Protocol; this gives them ragidx's search with the
 index's own model and strategy. As in the HTTP API, every use of the model goes through one
-scheduler (:mod:`ragidx.app.scheduler` says why), a keyword search and the documents' listing never
+scheduler (:mod:`ragidx.app.service.scheduler` says why), a keyword search and the documents' listing never
 wait for it, and nothing a caller sends can open a file that is not an indexed document.
 """
 
@@ -28,17 +28,17 @@ from mcp_types import Resource, ToolAnnotations
 from pydantic import Field, ValidationError
 
 from ragidx import __version__
-from ragidx.app.operations import dispatch
 from ragidx.app.retriever import Index
-from ragidx.app.scheduler import Scheduler
-from ragidx.app.schemas import (
+from ragidx.app.service.operations import dispatch
+from ragidx.app.service.scheduler import Scheduler
+from ragidx.app.service.schemas import (
     DEFAULT_CONTEXT_TOKENS,
     MaxTokens,
     search_options,
     search_parameters,
     validation_detail,
 )
-from ragidx.app.served_index import ServedIndex
+from ragidx.app.service.served_index import ServedIndex
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.sources import SkippedFile, SourceDocument, normal_path, read_document
@@ -77,7 +77,7 @@ class IndexServer(MCPServer):
         threading.Thread(target=load, name="ragidx-mcp-load", daemon=True).start()
 
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One operation (:mod:`ragidx.app.operations`) for the agent; errors as the tool's own."""
+        """One operation (:mod:`ragidx.app.service.operations`) for the agent; errors as the tool's own."""
         try:
             with self.scheduler.job(CLIENT, str(request["op"])) as job:
                 return dispatch(self.served, request, job)

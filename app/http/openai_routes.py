@@ -25,9 +25,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ragidx.app.http_jobs import until_done
-from ragidx.app.scheduler import Busy, Job, Scheduler
-from ragidx.app.schemas import MAX_EMBED_TEXTS, validation_detail
+from ragidx.app.http.jobs import until_done
+from ragidx.app.service.scheduler import Busy, Job, Scheduler
+from ragidx.app.service.schemas import MAX_EMBED_TEXTS, validation_detail
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.roles import Role
 from ragidx.indexer.wording import encodable
@@ -49,7 +49,7 @@ TOKEN_IDS = (
 
 
 class EmbeddingModel(Protocol):
-    """The model these routes serve (``ragidx.app.server.ServedModel``)."""
+    """The model these routes serve (``ragidx.app.http.server.ServedModel``)."""
 
     def embed(self, texts: Sequence[str], role: Role, job: Job) -> np.ndarray: ...
     def name(self) -> str: ...

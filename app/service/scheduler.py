@@ -48,7 +48,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.errors import Cancelled, RagidxError
 
 THREAD_NAME = "ragidx-model"
 SLICE_SECONDS = 0.4  # what a slice of a long job aims at, so a query waits about this much behind it
@@ -67,13 +67,6 @@ class Busy(RagidxError):
             "(`ragidx daemon status` shows them)"
         )
         self.retry_after = retry_after
-
-
-class Cancelled(RagidxError):
-    """The job's client went away: its work was stopped."""
-
-    def __init__(self) -> None:
-        super().__init__("cancelled: the client went away")
 
 
 @dataclass(eq=False)
