@@ -40,6 +40,23 @@ class VectorQuery:
     nprobe: int | None = None
 
 
+@dataclass(frozen=True)
+class GenerationStart:
+    """A generation a store starts writing, as every store takes it: the index's SQLite database
+    (in the generation's transaction) and its settings as last committed, the generation's number,
+    the vector index ``requested``, the parts ``dropped`` (their chunks are restored by the caller),
+    whether it ``replace``s every part, and the store the index's vectors were in (None for a new
+    index)."""
+
+    db: Database
+    meta: Mapping[str, Any]
+    generation: int
+    requested: VectorIndexSettings
+    dropped: Sequence[str]
+    replace: bool
+    previous: StoreSpec | None
+
+
 class LoadedVectors(Protocol):
     """A committed generation's vectors, ready to search."""
 
@@ -141,19 +158,8 @@ class VectorStore(Protocol):
         """Parts whose data is gone (a cheap test every build makes: it re-embeds their chunks)."""
         ...
 
-    def begin(
-        self,
-        db: Database,
-        meta: Mapping[str, Any],
-        generation: int,
-        requested: VectorIndexSettings,
-        dropped: Sequence[str],
-        replace: bool,
-        previous: StoreSpec | None,
-    ) -> VectorWrite:
-        """Start writing ``generation`` with the vector index ``requested``; ``dropped`` parts are
-        left out (their chunks are restored by the caller), ``replace`` drops every part, and
-        ``previous`` is the store the index's vectors were in (None for a new index)."""
+    def begin(self, start: GenerationStart) -> VectorWrite:
+        """Start writing the generation ``start`` describes."""
         ...
 
     def release(self, db: Database, meta: Mapping[str, Any]) -> None:

@@ -54,7 +54,7 @@ from ragidx.indexer.storage.lexical import (
 from ragidx.indexer.storage.location import DB_NAME, JOURNAL_NAME, LOCK_NAME
 from ragidx.indexer.storage.repair import remove_files, stale_vector_files
 from ragidx.indexer.storage.stores import store_from_meta
-from ragidx.indexer.storage.vector_store import StoreSpec, VectorChange, VectorStore
+from ragidx.indexer.storage.vector_store import GenerationStart, StoreSpec, VectorChange, VectorStore
 
 
 @dataclass(frozen=True)
@@ -308,7 +308,9 @@ class NextGeneration:
         self.store = store.open(writer.directory) if self.moves and store is not None else current
         previous = current.spec if writer.meta.get("generation") else None
         self.vectors_write = self.store.begin(
-            self.db, writer.meta, self.generation, requested, dropped, replace or self.moves, previous
+            GenerationStart(
+                self.db, writer.meta, self.generation, requested, dropped, replace or self.moves, previous
+            )
         )
         self.removed_chunks = writer._chunk_ids_of(removed)  # read before their rows go
         self.next_id = self.first_id = int(writer.meta.get("next_chunk_id", 1))

@@ -7,7 +7,7 @@ transaction as the rows, so a commit is atomic with no step after it but deletin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -33,6 +33,7 @@ from ragidx.indexer.storage.local.segments import (
     write_segments,
 )
 from ragidx.indexer.storage.vector_store import (
+    GenerationStart,
     Inspection,
     LoadedVectors,
     StoreKind,
@@ -118,17 +119,8 @@ class SegmentStore:
             return []
         return [name for name in segment_files(db, meta) if not (self.directory / name).exists()]
 
-    def begin(
-        self,
-        db: Database,
-        meta: Mapping[str, Any],
-        generation: int,
-        requested: VectorIndexSettings,
-        dropped: Sequence[str],
-        replace: bool,
-        previous: StoreSpec | None,
-    ) -> SegmentWrite:
-        return SegmentWrite(self.directory, db, meta, generation, requested, dropped, replace)
+    def begin(self, start: GenerationStart) -> SegmentWrite:
+        return SegmentWrite(self.directory, start)
 
     def release(self, db: Database, meta: Mapping[str, Any]) -> None:
         write_segments(db, read_segments(db, meta, self.directory), [])
@@ -198,24 +190,16 @@ class SegmentWrite:
     segments runs while the build embeds; :meth:`write` swaps its result in, records deletions
     and writes the added vectors as one new segment."""
 
-    def __init__(
-        self,
-        directory: Path,
-        db: Database,
-        meta: Mapping[str, Any],
-        generation: int,
-        requested: VectorIndexSettings,
-        dropped: Sequence[str],
-        replace: bool,
-    ):
+    def __init__(self, directory: Path, start: GenerationStart):
         self.directory = directory
-        self.db = db
-        self.generation = generation
-        self.requested = requested
-        self.before = read_segments(db, meta, directory)
-        self.kept = [] if replace else [s for s in self.before if s.file not in set(dropped)]
-        plan = plan_merge(self.kept, requested, VectorIndexSettings.from_meta(meta))
-        self.merge = BackgroundMerge(directory, generation, plan, requested) if plan else None
+        self.db = db = start.db
+        self.generation = start.generation
+        self.requested = requested = start.requested
+        self.before = read_segments(db, start.meta, directory)
+        dropped = set(start.dropped)
+        self.kept = [] if start.replace else [s for s in self.before if s.file not in dropped]
+        plan = plan_merge(self.kept, requested, VectorIndexSettings.from_meta(start.meta))
+        self.merge = BackgroundMerge(directory, start.generation, plan, requested) if plan else None
 
     def kept_ids(self) -> np.ndarray:
         live = [s.live_ids() for s in self.kept]

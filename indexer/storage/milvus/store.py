@@ -28,6 +28,7 @@ from ragidx.indexer.storage.database import in_batches
 from ragidx.indexer.storage.index_settings import VectorIndexSettings, default_nlist
 from ragidx.indexer.storage.milvus.collection import INDEX_TYPES, MAX_TOP_K, MilvusCollection
 from ragidx.indexer.storage.vector_store import (
+    GenerationStart,
     Inspection,
     LoadedVectors,
     StoreKind,
@@ -162,17 +163,8 @@ class MilvusStore:
     def lost(self, db: Database, meta: Mapping[str, Any]) -> list[str]:
         return []
 
-    def begin(
-        self,
-        db: Database,
-        meta: Mapping[str, Any],
-        generation: int,
-        requested: VectorIndexSettings,
-        dropped: Sequence[str],
-        replace: bool,
-        previous: StoreSpec | None,
-    ) -> MilvusWrite:
-        return MilvusWrite(self, db, meta, requested, previous != self.spec)
+    def begin(self, start: GenerationStart) -> MilvusWrite:
+        return MilvusWrite(self, start.db, start.meta, start.requested, start.previous != self.spec)
 
     def release(self, db: Database, meta: Mapping[str, Any]) -> None:
         """Nothing: SQLite records no Milvus rows."""
