@@ -246,10 +246,10 @@ def query(
         else:
             click.echo(printable_text(found["text"]))
         return
-    answer = opened.answer({"op": "search", "query": text, "options": given})
-    hits = [api.hit_from_dict(hit) for hit in answer["hits"]]
-    if answer.get("pending_build"):
-        click.echo(f"note: {answer['pending_build']}", err=True)
+    searched = opened.search(text, given)
+    hits = searched.hits
+    if searched.pending_build:
+        click.echo(f"note: {searched.pending_build}", err=True)
     asked = click.get_current_context().get_parameter_source("mode") == ParameterSource.COMMANDLINE
     if asked and hits and hits[0].mode_reason:
         alone = {"lexical": "keywords", "dense": "vectors"}[hits[0].mode]

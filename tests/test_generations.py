@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import subprocess
+import sys
+from contextlib import closing
+from pathlib import Path
+
 import pytest
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.storage import writer as writer_module
 from ragidx.indexer.storage.reader import IndexReader
+from ragidx.indexer.storage.vector_store import VectorQuery
 from ragidx.indexer.storage.writer import IndexWriter
 from tests.support.index_records import record, vectors
 
@@ -22,7 +30,7 @@ def test_generations_ids_and_stale_files(tmp_path):
     assert commit(tmp_path, [record("a", ["x", "y"]), record("b", ["z"])], first) == 1
     reader = IndexReader(tmp_path)
     index = reader.load_vectors()
-    scores, ids = index.search(first[2:3], 1)
+    scores, ids = index.search(VectorQuery(first[2:3], 1))
     assert ids[0][0] == 3 and scores[0][0] == pytest.approx(1.0, abs=1e-5)
     assert reader.chunk_rows([3])[3]["text"] == "z" and reader.chunk_rows([3])[3]["metadata"] == {"team": "b"}
     reader.close()
@@ -33,6 +41,34 @@ def test_generations_ids_and_stale_files(tmp_path):
     assert list(reader.chunk_rows([1, 2, 3, 4])) == [4]  # ids are never reused
     assert sorted(p.name for p in tmp_path.glob("vectors-*")) == ["vectors-2.faiss"]
     assert reader.counts() == {"documents": 1, "chunks": 1}
+
+
+def held_locks(path: Path) -> list[str]:
+    """This process's POSIX locks on ``path``'s inode, as /proc/locks lists them."""
+    inode = f":{os.stat(path).st_ino} "
+    lines = Path("/proc/locks").read_text().splitlines()
+    return [line for line in lines if f" {os.getpid()} " in line and inode in line]
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads Linux's /proc/locks")
+def test_a_reader_closing_keeps_the_locks_of_other_connections(tmp_path):
+    """A reader holds a descriptor of the database to notice it replaced; closing one opened for
+    reading released every POSIX lock this process held on the file, another connection's too, and
+    another process then took the file for unused and deleted its WAL and shared memory under that
+    connection (a later read in the process: "disk I/O error")."""
+    commit(tmp_path, [record("a", ["x"])], vectors(1, 0))
+    database = tmp_path / "ragidx.db"
+    with closing(sqlite3.connect(database)) as other:
+        with other:
+            other.execute("update documents set title = 'read in this process'")
+        locked = held_locks(database)
+        assert locked  # a connection in WAL mode holds a shared lock on the file while open
+        IndexReader(tmp_path).close()
+        assert held_locks(database) == locked
+        elsewhere = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('select 1'); c.close()"
+        subprocess.run([sys.executable, "-c", elsewhere, str(database)], check=True)
+        assert (tmp_path / "ragidx.db-wal").exists()  # that process knew this one still reads
+        assert other.execute("select title from documents").fetchone() == ("read in this process",)
 
 
 def test_a_failed_commit_leaves_the_previous_generation(tmp_path, monkeypatch):

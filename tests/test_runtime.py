@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.runtime import load_runtime, plan_batches, resolve_device, resolve_dtype
+from ragidx.indexer.model.choices import resolve_device
+from ragidx.indexer.model.runtime import load_runtime, plan_batches, resolve_dtype
 from ragidx.indexer.strategies.paper_models import GEMMA3_270M, SMOLLM2_135M
 from tests.support.model_checks import TOKENIZER_TEXTS, assert_same_tokenizer
 

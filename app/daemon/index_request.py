@@ -11,11 +11,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ragidx.app.daemon import address as daemon_address
 from ragidx.app.daemon import client as daemon_client
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.search.hits import Found
+from ragidx.indexer.search.options import SearchOptions
+
+if TYPE_CHECKING:
+    from ragidx.app.service.scheduler import Job
+    from ragidx.app.service.served_index import ServedIndex
+
+T = TypeVar("T")
 
 Event = Callable[[dict[str, Any]], None]
 
@@ -37,7 +45,33 @@ class IndexRequest:
         or this process's where none can be had; ``on_event`` gets what a streamed one sends on
         the way. A daemon that stops after part of a streamed answer is reported, not asked again
         here: the part already printed would be printed twice."""
-        asked = {
+        asked = self._asked(request)
+        answer = self._through_daemon(asked, on_event)
+        if answer is not None:
+            return answer
+        from ragidx.app.service.operations import dispatch
+
+        return self._here(
+            asked, lambda served, job: dispatch(served, asked, job, on_event or (lambda found: None))
+        )
+
+    def search(self, query: str, options: dict[str, Any]) -> Found:
+        """``Index.search(query, **options)``'s hits, and any build left pending: the daemon's,
+        read back from its JSON, or this process's objects as they are."""
+        asked = self._asked({"op": "search", "query": query, "options": options})
+        answer = self._through_daemon(asked, None)
+        if answer is not None:
+            return Found.from_dict(answer)
+        from ragidx.app.service.operations import prepare, search
+
+        def searched(served: ServedIndex, job: Job) -> Found:
+            prepare(served, asked)
+            return search(served, query, SearchOptions.of(**options), job)
+
+        return self._here(asked, searched)
+
+    def _asked(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {
             **request,
             "index": self.directory,
             "device": self.device,
@@ -45,8 +79,6 @@ class IndexRequest:
             "model": self.model,
             "strategy": self.strategy,
         }
-        answer = self._through_daemon(asked, on_event)
-        return answer if answer is not None else self._here(asked, on_event)
 
     def context(self, query: str, options: dict[str, Any], **wanted: Any) -> dict[str, Any]:
         """``Index.context(query, **options, **wanted)`` as a dict: the passages for a prompt
@@ -54,10 +86,9 @@ class IndexRequest:
         request = {"op": "context", "query": query, "options": options, "context": wanted}
         return dict(self.answer(request)["context"])
 
-    def _here(self, request: dict[str, Any], on_event: Event | None) -> dict[str, Any]:
-        """The answer computed in this process, by the same operations the daemon runs."""
+    def _here(self, request: dict[str, Any], work: Callable[[ServedIndex, Job], T]) -> T:
+        """``work``'s answer computed in this process, by the same operations the daemon runs."""
         from ragidx.app.retriever import Index
-        from ragidx.app.service.operations import dispatch
         from ragidx.app.service.scheduler import Scheduler
         from ragidx.app.service.served_index import ServedIndex
 
@@ -67,7 +98,7 @@ class IndexRequest:
         ):
             served = ServedIndex(index, scheduler)
             with scheduler.job(f"pid {os.getpid()}", str(request.get("op"))) as job:
-                return dispatch(served, request, job, on_event or (lambda found: None))
+                return work(served, job)
 
     def _through_daemon(self, request: dict[str, Any], on_event: Event | None) -> dict[str, Any] | None:
         if not daemon_address.wanted(self.no_daemon):

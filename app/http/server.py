@@ -21,6 +21,7 @@ import ipaddress
 import json
 import socket
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from importlib import resources
 from typing import Any
@@ -151,66 +152,110 @@ def loopback_hosts() -> list[str]:
     return ["127.0.0.1", "localhost", "::1", "[::1]"]
 
 
-class ServedModel:
-    """What the embedding routes need of an index (its own model, followed across rebuilds) or
-    of a model served without one (``ragidx serve --model``); the model runs on the scheduler's
-    thread alone, and what needs no model (name, dimension, health) never waits for it."""
+class ServedModel(ABC):
+    """What the embedding routes need of the model served: an index's own (:class:`IndexModel`) or
+    one served without an index (:class:`BareModel`, ``ragidx serve --model``). The model runs on
+    the scheduler's thread alone, and what needs no model (name, dimension, health) never waits
+    for it."""
 
-    def __init__(self, served: ServedIndex | Embedder, scheduler: Scheduler):
-        self.served = served
+    def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
         self.counting = threading.Lock()
 
-    def embed(self, texts: Sequence[str], role: Role, job: Job) -> Any:
-        if isinstance(self.served, ServedIndex):
-            return self.served.embed(texts, role, job)
-        return embed_in_slices(self.scheduler, job, self.served.embed, texts, role)
+    @abstractmethod
+    def embed(self, texts: Sequence[str], role: Role, job: Job) -> Any: ...
+
+    @abstractmethod
+    def model(self) -> str:
+        """The model's id (as ``--model`` names it)."""
+        ...
+
+    @abstractmethod
+    def dimension(self) -> int: ...
+
+    @abstractmethod
+    def strategy_params(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def health(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def info(self) -> dict[str, Any]: ...
 
     def name(self) -> str:
-        served = self.served
-        return served_name(served.meta()["model"] if isinstance(served, ServedIndex) else served.model)
-
-    def dimension(self) -> int:
-        if isinstance(self.served, ServedIndex):
-            return int(self.served.meta()["dimension"])
-        return self.served.strategy.dimension
+        return served_name(self.model())
 
     def count_tokens(self, texts: Sequence[str]) -> int:
         """The texts' tokens with the model's tokenizer, as given (no template, no special tokens):
         a tokenizer of its own, not the model's (which the model's thread may be using)."""
         with self.counting:
-            ids = self._tokenizer()(list(texts), add_special_tokens=False)["input_ids"]
+            ids = model_tokenizer(self.model())(list(texts), add_special_tokens=False)["input_ids"]
         return sum(len(row) for row in ids)
 
     def too_long(self, texts: Sequence[str], role: Role) -> tuple[int, list[tuple[int, int]]]:
         """The model's input length in tokens, and each text (position, tokens) that would pass it
         once put in the role's template with the model's special tokens: the model would read
         only its beginning."""
-        params = (
-            self.served.meta()["strategy_params"]
-            if isinstance(self.served, ServedIndex)
-            else self.served.strategy.params
-        )
+        params = self.strategy_params()
         template = params.get(f"{role}_template") or TEXT_SLOT
         limit = int(params.get("max_length") or 512)
         with self.counting:
-            ids = self._tokenizer()([render(template, text) for text in texts], verbose=False)["input_ids"]
+            rendered = [render(template, text) for text in texts]
+            ids = model_tokenizer(self.model())(rendered, verbose=False)["input_ids"]
         return limit, [(n, len(row)) for n, row in enumerate(ids) if len(row) > limit]
 
-    def _tokenizer(self) -> Any:
-        model = self.served.meta()["model"] if isinstance(self.served, ServedIndex) else self.served.model
-        return model_tokenizer(model)
+
+class IndexModel(ServedModel):
+    """An index's own model, followed across rebuilds (read from the index's settings as committed)."""
+
+    def __init__(self, index: ServedIndex, scheduler: Scheduler):
+        super().__init__(scheduler)
+        self.index = index
+
+    def embed(self, texts: Sequence[str], role: Role, job: Job) -> Any:
+        return self.index.embed(texts, role, job)
+
+    def model(self) -> str:
+        return str(self.index.meta()["model"])
+
+    def dimension(self) -> int:
+        return int(self.index.meta()["dimension"])
+
+    def strategy_params(self) -> dict[str, Any]:
+        return dict(self.index.meta()["strategy_params"])
 
     def health(self) -> dict[str, Any]:
-        if isinstance(self.served, ServedIndex):
-            return {"status": "ok", "generation": self.served.meta()["generation"]}
+        return {"status": "ok", "generation": self.index.meta()["generation"]}
+
+    def info(self) -> dict[str, Any]:
+        return self.index.info()
+
+
+class BareModel(ServedModel):
+    """A model served without an index: embeddings only."""
+
+    def __init__(self, embedder: Embedder, scheduler: Scheduler):
+        super().__init__(scheduler)
+        self.embedder = embedder
+
+    def embed(self, texts: Sequence[str], role: Role, job: Job) -> Any:
+        return embed_in_slices(self.scheduler, job, self.embedder.embed, texts, role)
+
+    def model(self) -> str:
+        return self.embedder.model
+
+    def dimension(self) -> int:
+        return self.embedder.strategy.dimension
+
+    def strategy_params(self) -> dict[str, Any]:
+        return dict(self.embedder.strategy.params)
+
+    def health(self) -> dict[str, Any]:
         return {"status": "ok", "model": self.name()}
 
     def info(self) -> dict[str, Any]:
-        if isinstance(self.served, ServedIndex):
-            return self.served.info()
-        strategy = self.served.strategy
-        return {"model": self.served.model, "strategy": strategy.name, "dimension": strategy.dimension}
+        strategy = self.embedder.strategy
+        return {"model": self.embedder.model, "strategy": strategy.name, "dimension": strategy.dimension}
 
 
 def load_and_settle(served: Index | Embedder) -> None:
@@ -241,11 +286,12 @@ def create_app(
     app = FastAPI(title="ragidx", version=__version__, docs_url=None, redoc_url=None)
     scheduler = scheduler or Scheduler()
     index: ServedIndex | None = None
+    model: ServedModel
     if isinstance(served, Index):
         index = ServedIndex(served, scheduler)
-        model = ServedModel(index, scheduler)
+        model = IndexModel(index, scheduler)
     else:
-        model = ServedModel(served, scheduler)
+        model = BareModel(served, scheduler)
 
     @app.exception_handler(RequestValidationError)
     def invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:

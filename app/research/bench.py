@@ -24,9 +24,10 @@ import numpy as np
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import scan
+from ragidx.indexer.model.choices import resolve_device
 from ragidx.indexer.model.packed_linear import can_pack_linear_weights
 from ragidx.indexer.model.precision import best_flops_per_second, linear_flops_per_second
-from ragidx.indexer.model.runtime import load_runtime, resolve_device, resolve_dtype
+from ragidx.indexer.model.runtime import load_runtime, resolve_dtype
 from ragidx.indexer.storage.faiss_module import faiss_module
 from ragidx.indexer.strategies import create_strategy, model_for, named_or_default
 

@@ -16,6 +16,7 @@ from typing import Any
 from ragidx.app.service.scheduler import Job
 from ragidx.app.service.served_index import Asked, ServedIndex
 from ragidx.indexer.errors import RagidxError
+from ragidx.indexer.search.hits import Found
 from ragidx.indexer.search.options import SearchOptions
 
 Event = Callable[[dict[str, Any]], None]
@@ -26,12 +27,15 @@ def _options(request: dict[str, Any]) -> SearchOptions:
     return SearchOptions.of(**request.get("options", {}))
 
 
+def search(served: ServedIndex, query: str, options: SearchOptions, job: Job) -> Found:
+    """The search's hits, and what an interrupted build left pending (as objects: the in-process
+    door's answer; the others send :meth:`Found.to_dict`)."""
+    hits = served.search(query, options, job)
+    return Found(hits, served.index.pending_build(served.index.reader.directory))
+
+
 def _search(served: ServedIndex, request: dict[str, Any], job: Job, event: Event) -> dict[str, Any]:
-    hits = served.search(request["query"], _options(request), job)
-    return {
-        "hits": [hit.to_dict() for hit in hits],
-        "pending_build": served.index.pending_build(served.index.reader.directory),
-    }
+    return search(served, request["query"], _options(request), job).to_dict()
 
 
 def _context(served: ServedIndex, request: dict[str, Any], job: Job, event: Event) -> dict[str, Any]:
@@ -60,6 +64,12 @@ def dispatch(
     operation = OPERATIONS.get(request.get("op", ""))
     if operation is None:
         raise RagidxError(f"unknown request {request.get('op')!r}: one of {', '.join(OPERATIONS)}")
+    prepare(served, request)
+    return operation(served, request, job, event)
+
+
+def prepare(served: ServedIndex, request: dict[str, Any]) -> None:
+    """Read what a build committed since, and refuse a request naming another model or strategy
+    than the index's: before every operation."""
     served.refresh()
     served.index.check_compatible(request.get("model"), request.get("strategy"))
-    return operation(served, request, job, event)

@@ -28,7 +28,7 @@ from ragidx.indexer.build.sampling import (
     unread_sample,
     vectors_help,
 )
-from ragidx.indexer.build.settings import BuildOptions, resolve
+from ragidx.indexer.build.settings import BuildOptions, Resolution, resolve
 from ragidx.indexer.build.tuning import (
     TuningReport,
     build_queries,
@@ -41,8 +41,8 @@ from ragidx.indexer.ingest.access import FileAccess
 from ragidx.indexer.ingest.changes import ChangePlan, plan_changes
 from ragidx.indexer.ingest.chunking import Chunker
 from ragidx.indexer.ingest.sources import ScanResult, SkippedFile, SourceDocument, scan
-from ragidx.indexer.model.runtime import load_runtime
-from ragidx.indexer.model.sources import check_same_file, keyword_only_note, resolve_model
+from ragidx.indexer.model.runtime import ModelRuntime, load_runtime
+from ragidx.indexer.model.sources import ModelSource, check_same_file, keyword_only_note, resolve_model
 from ragidx.indexer.progress import notice
 from ragidx.indexer.progress import progress as progress_bar
 from ragidx.indexer.search.fusion import Fusion
@@ -200,114 +200,237 @@ def build(
     if not paths:
         raise RagidxError("nothing to index: give at least one file or folder")
     with IndexWriter(options.index_dir) as writer:
-        resolution = resolve(options, IndexSettings.from_meta(writer.meta))
-        stored = resolution.stored
-        indexed = writer.documents() if stored else {}
-        access = resolution.access(paths)
-        known = {path: found[1] for path, found in indexed.items()}
-        scanned = _scan(paths, options.index_dir, known, access)
-        plan = plan_changes(scanned, indexed, paths)
-        vector_index = resolution.vector_index
-        restructure = resolution.restructures
-        lost = writer.lost_vectors() if stored else []  # their chunks are re-embedded from stored text
-        if stored and not plan.to_embed and not lost and not resolution.changes_settings:
-            committed = (
-                writer.remove_documents(plan.stale, vector_index=vector_index)
-                if plan.stale or restructure
-                else None
-            )
-            return _report(options, writer, plan, scanned.skipped, started, stored, committed)
-        if resolution.stays_lexical and stored is not None:
-            settings = dataclasses.replace(
-                stored, roots=resolution.roots(access), max_file_bytes=access.max_bytes
-            )
-            with writer.next_generation(plan.stale, False, vector_index) as pending:
-                embedded = _add_documents(plan.to_embed, resolution.lexical_chunker(), access, pending)
-                committed = pending.commit({**settings.to_meta(), "ragidx_version": __version__})
-            skipped = scanned.skipped + embedded.skipped
-            return _report(options, writer, plan, skipped, started, settings, committed, embedded)
+        survey = _survey(paths, options, writer)
+        done = _without_model(survey, options, writer, started)
+        if done is not None:
+            return done
         # An unreachable cluster is refused before the model loads.
         workers = connect(options.ray, options.ray_workers, options.device) if options.ray else 0
-        source = resolve_model(resolution.model)
-        if stored and source.model_id == stored.model:
-            check_same_file(source, stored.model_file)  # before a changed GGUF is converted
-        arguments = (source, options.device, resolution.dtype, options.trust_remote_code)
-        runtime = loaded.get(arguments) if loaded is not None else None
-        if runtime is None:
-            notice(f"loading model {source.model_id} ...", options.progress and sys.stderr.isatty())
-            runtime = load_runtime(*arguments)
-            if loaded is not None:
-                loaded.clear()
-                loaded[arguments] = runtime
-        strategy, chunker, settings = resolution.resolved(runtime, vector_index, access)
-        if (
-            stored
-            and not plan.changes_anything
-            and not restructure
-            and not lost
+        source, runtime = _model(survey, options, loaded)
+        strategy, chunker, settings = survey.resolution.resolved(runtime, survey.vector_index, survey.access)
+        if survey.stored is not None and survey.unchanged_by(settings):
+            return _report(options, writer, survey.plan, survey.skipped, started, survey.stored, None)
+        embedder = EmbeddingSetup(source, strategy, chunker, workers)
+        generation = _write_generation(survey, options, writer, embedder, settings)
+        return _finish(survey, options, writer, strategy, generation, started)
+
+
+@dataclass
+class Survey:
+    """What a build finds before any model loads: its settings resolved against the index's, the
+    documents under its paths and what changes, and the chunks whose vectors were lost."""
+
+    resolution: Resolution
+    access: FileAccess
+    scanned: ScanResult
+    plan: ChangePlan
+    lost: list[str]
+
+    @property
+    def stored(self) -> IndexSettings | None:
+        return self.resolution.stored
+
+    @property
+    def vector_index(self) -> VectorIndexSettings:
+        return self.resolution.vector_index
+
+    @property
+    def skipped(self) -> list[SkippedFile]:
+        return self.scanned.skipped
+
+    def unchanged_by(self, settings: IndexSettings) -> bool:
+        """Whether a build with these resolved ``settings`` would write nothing new."""
+        stored = self.stored
+        return bool(
+            stored is not None
+            and not self.plan.changes_anything
+            and not self.resolution.restructures
+            and not self.lost
             and stored.dense == settings.dense
-        ):
-            return _report(options, writer, plan, scanned.skipped, started, stored, None)
-        journal = EmbeddingJournal(writer.directory, settings.to_meta())
-        try:
-            with writer.next_generation(
-                plan.stale, not stored, vector_index, lost, resolution.store
-            ) as pending:
-                vectorise = stored is not None and not stored.dense and settings.dense
-                restored = pending.chunks_without_vectors() if lost or vectorise else np.zeros(0, np.int64)
-                if len(restored):  # lost parts' chunks, or a lexical index's, surviving this build's removals
-                    pending.restore(restored, _reembed(writer, strategy, restored, options.progress))
-                documents, sample = plan.to_embed, None
-                if resolution.dense is None and not options.ray:
-                    sample = _decide_on_sample(
-                        documents, chunker, strategy, access, journal, settings, options
-                    )
-                if sample is not None:
-                    documents = sample.drawn.rest
-                    settings = dataclasses.replace(
-                        settings, dense=sample.report.keep_vectors, dense_reason=sample.reason
-                    )
-                    pending.add(sample.drawn.records, sample.vectors if settings.dense else None)
-                if not settings.dense:
-                    embedded = _add_documents(documents, chunker, access, pending)
-                elif options.ray:
-                    spec = WorkerSpec(
-                        source=source,
-                        device=options.device,
-                        dtype=settings.dtype,
-                        trust_remote_code=options.trust_remote_code,
-                        strategy=settings.strategy,
-                        params=strategy.params,
-                        batch=strategy.batch,
-                        chunker=chunker.settings,
-                        access=access,
-                    )
-                    embedded = embed_documents_on_ray(
-                        documents, spec, options.ray, workers, pending, options.progress
-                    )
-                else:
-                    embedded = _embed_documents(
-                        documents, chunker, strategy, access, pending, options.progress, journal
-                    )
-                if sample is not None:
-                    sample.count_into(embedded)
-                embedded.restored = len(restored) if lost else 0
-                embedded.vectorised = len(restored) if vectorise else 0
-                meta = {**settings.to_meta(), "ragidx_version": __version__}
-                committed = pending.commit(meta)
-        finally:
-            journal.close()
-        journal.discard()
-        if settings.dense:
-            tuning = _tune(options, writer, strategy, fresh=not stored or not stored.dense)
-        else:
-            tuning = sample.report.tuning if sample is not None else None
-            writer.update_meta({"fusion": lexical_fusion(tuning)})
-        skipped = scanned.skipped + embedded.skipped
-        report = _report(options, writer, plan, skipped, started, settings, committed, embedded, tuning)
-        report.sample = sample.report if sample is not None else None
-        report.resumed = journal.resumed if journal.resumed.documents else None
-        return report
+        )
+
+
+@dataclass(frozen=True)
+class EmbeddingSetup:
+    """How a generation's documents get their vectors: the model's source, its strategy and
+    chunker, and the Ray workers that embed in its place (0: this process)."""
+
+    source: ModelSource
+    strategy: Strategy
+    chunker: Chunker
+    workers: int
+
+
+@dataclass
+class Generation:
+    """A committed generation: its settings, what the store committed, what was embedded (with
+    the sample, where one decided), and what was resumed from the journal."""
+
+    settings: IndexSettings
+    committed: Committed
+    embedded: Embedded
+    sample: DecidedSample | None
+    resumed: Resumed | None
+
+
+def _survey(paths: Sequence[str | Path], options: BuildOptions, writer: IndexWriter) -> Survey:
+    resolution = resolve(options, IndexSettings.from_meta(writer.meta))
+    stored = resolution.stored
+    indexed = writer.documents() if stored else {}
+    access = resolution.access(paths)
+    known = {path: found[1] for path, found in indexed.items()}
+    scanned = _scan(paths, options.index_dir, known, access)
+    lost = writer.lost_vectors() if stored else []  # their chunks are re-embedded from stored text
+    return Survey(resolution, access, scanned, plan_changes(scanned, indexed, paths), lost)
+
+
+def _without_model(
+    survey: Survey, options: BuildOptions, writer: IndexWriter, started: float
+) -> BuildReport | None:
+    """The build's report where it needs no model: nothing to embed (stale documents removed, or
+    the vector index restructured), or a lexical index that stays lexical; else None."""
+    stored, plan, resolution = survey.stored, survey.plan, survey.resolution
+    if stored and not plan.to_embed and not survey.lost and not resolution.changes_settings:
+        committed = (
+            writer.remove_documents(plan.stale, vector_index=survey.vector_index)
+            if plan.stale or resolution.restructures
+            else None
+        )
+        return _report(options, writer, plan, survey.skipped, started, stored, committed)
+    if resolution.stays_lexical and stored is not None:
+        access = survey.access
+        settings = dataclasses.replace(
+            stored, roots=resolution.roots(access), max_file_bytes=access.max_bytes
+        )
+        with writer.next_generation(plan.stale, False, survey.vector_index) as pending:
+            embedded = _add_documents(plan.to_embed, resolution.lexical_chunker(), access, pending)
+            committed = pending.commit({**settings.to_meta(), "ragidx_version": __version__})
+        skipped = survey.skipped + embedded.skipped
+        return _report(options, writer, plan, skipped, started, settings, committed, embedded)
+    return None
+
+
+def _model(
+    survey: Survey, options: BuildOptions, loaded: dict[tuple[Any, ...], Any] | None
+) -> tuple[ModelSource, ModelRuntime]:
+    """The model the build embeds with: the one ``loaded`` holds where it is the same, else loaded
+    (a changed GGUF file is refused before it is converted)."""
+    source = resolve_model(survey.resolution.model)
+    stored = survey.stored
+    if stored and source.model_id == stored.model:
+        check_same_file(source, stored.model_file)
+    arguments = (source, options.device, survey.resolution.dtype, options.trust_remote_code)
+    runtime = loaded.get(arguments) if loaded is not None else None
+    if runtime is None:
+        notice(f"loading model {source.model_id} ...", options.progress and sys.stderr.isatty())
+        runtime = load_runtime(*arguments)
+        if loaded is not None:
+            loaded.clear()
+            loaded[arguments] = runtime
+    return source, runtime
+
+
+def _write_generation(
+    survey: Survey,
+    options: BuildOptions,
+    writer: IndexWriter,
+    embedder: EmbeddingSetup,
+    settings: IndexSettings,
+) -> Generation:
+    """Embed what changed (after the sample that decides whether a new index keeps vectors, and
+    the chunks whose vectors were lost or that a lexical index gains) and commit it, journalled so
+    an interrupted build resumes."""
+    stored, lost, strategy = survey.stored, survey.lost, embedder.strategy
+    journal = EmbeddingJournal(writer.directory, settings.to_meta())
+    try:
+        with writer.next_generation(
+            survey.plan.stale, not stored, survey.vector_index, lost, survey.resolution.store
+        ) as pending:
+            vectorise = stored is not None and not stored.dense and settings.dense
+            restored = pending.chunks_without_vectors() if lost or vectorise else np.zeros(0, np.int64)
+            if len(restored):  # lost parts' chunks, or a lexical index's, surviving this build's removals
+                pending.restore(restored, _reembed(writer, strategy, restored, options.progress))
+            documents, sample = survey.plan.to_embed, None
+            if survey.resolution.dense is None and not options.ray:
+                sample = _decide_on_sample(
+                    documents, embedder.chunker, strategy, survey.access, journal, settings, options
+                )
+            if sample is not None:
+                documents = sample.drawn.rest
+                settings = dataclasses.replace(
+                    settings, dense=sample.report.keep_vectors, dense_reason=sample.reason
+                )
+                pending.add(sample.drawn.records, sample.vectors if settings.dense else None)
+            embedded = _embed(documents, survey.access, pending, embedder, settings, options, journal)
+            if sample is not None:
+                sample.count_into(embedded)
+            embedded.restored = len(restored) if lost else 0
+            embedded.vectorised = len(restored) if vectorise else 0
+            committed = pending.commit({**settings.to_meta(), "ragidx_version": __version__})
+    finally:
+        journal.close()
+    journal.discard()
+    resumed = journal.resumed if journal.resumed.documents else None
+    return Generation(settings, committed, embedded, sample, resumed)
+
+
+def _embed(
+    documents: Sequence[SourceDocument],
+    access: FileAccess,
+    pending: NextGeneration,
+    embedder: EmbeddingSetup,
+    settings: IndexSettings,
+    options: BuildOptions,
+    journal: EmbeddingJournal,
+) -> Embedded:
+    """Add ``documents`` to the generation: their chunks alone where the index keeps no vectors,
+    else with vectors embedded on Ray's workers or here."""
+    if not settings.dense:
+        return _add_documents(documents, embedder.chunker, access, pending)
+    if options.ray:
+        spec = WorkerSpec(
+            source=embedder.source,
+            device=options.device,
+            dtype=settings.dtype,
+            trust_remote_code=options.trust_remote_code,
+            strategy=settings.strategy,
+            params=embedder.strategy.params,
+            batch=embedder.strategy.batch,
+            chunker=embedder.chunker.settings,
+            access=access,
+        )
+        return embed_documents_on_ray(
+            documents, spec, options.ray, embedder.workers, pending, options.progress
+        )
+    return _embed_documents(
+        documents, embedder.chunker, embedder.strategy, access, pending, options.progress, journal
+    )
+
+
+def _finish(
+    survey: Survey,
+    options: BuildOptions,
+    writer: IndexWriter,
+    strategy: Strategy,
+    generation: Generation,
+    started: float,
+) -> BuildReport:
+    """Tune the committed index's hybrid search (a lexical one keeps its sample's verdict) and report."""
+    settings, sample = generation.settings, generation.sample
+    stored = survey.stored
+    if settings.dense:
+        tuning = _tune(options, writer, strategy, fresh=not stored or not stored.dense)
+    else:
+        tuning = sample.report.tuning if sample is not None else None
+        writer.update_meta({"fusion": lexical_fusion(tuning)})
+    embedded = generation.embedded
+    skipped = survey.skipped + embedded.skipped
+    report = _report(
+        options, writer, survey.plan, skipped, started, settings, generation.committed, embedded, tuning
+    )
+    report.sample = sample.report if sample is not None else None
+    report.resumed = generation.resumed
+    return report
 
 
 @dataclass

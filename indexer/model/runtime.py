@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, overload
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.choices import DEVICES, DTYPES
+from ragidx.indexer.model.choices import DTYPES, resolve_device
 from ragidx.indexer.model.embedding_card import EmbeddingCard, folder_card, gguf_card
 from ragidx.indexer.model.gguf import is_converted
 from ragidx.indexer.model.half_weights import can_hold_half_weights, hold_half
@@ -324,22 +324,6 @@ class ModelRuntime:
             yield outputs
         finally:
             handle.remove()
-
-
-def resolve_device(device: str) -> str:
-    """Turn ``auto`` into the best available device and refuse ones this machine lacks."""
-    import torch
-
-    if device not in DEVICES:
-        raise RagidxError(f"unknown device '{device}': choose one of {', '.join(DEVICES)}")
-    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
-    if device == "auto":
-        return "cuda" if cuda else "mps" if mps else "cpu"
-    if device == "cuda" and not cuda:
-        raise RagidxError("--device cuda was asked for but torch sees no CUDA GPU")
-    if device == "mps" and not mps:
-        raise RagidxError("--device mps was asked for but torch sees no Apple GPU")
-    return device
 
 
 def resolve_dtype(dtype: str, device: str, config: Any = None) -> str:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ragidx.indexer.errors import RagidxError
-from ragidx.indexer.model.runtime import resolve_device
+from ragidx.indexer.model.choices import resolve_device
 from ragidx.indexer.model.sources import unread_languages
 from ragidx.indexer.search.fusion import LISTS, Fusion
 from ragidx.indexer.search.hits import Explanation, Hit, Listed

@@ -108,3 +108,20 @@ def _explanation(found: dict[str, Any]) -> Explanation:
         return Listed(**found[name]) if found[name] else None
 
     return Explanation(listed("dense"), listed("lexical"), found["fusion"], found["weights"], found["fused"])
+
+
+@dataclass(frozen=True)
+class Found:
+    """A search's hits as every door answers it, with what an interrupted build of the index left
+    for the next one to resume ("" where nothing is pending)."""
+
+    hits: list[Hit]
+    pending_build: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hits": [hit.to_dict() for hit in self.hits], "pending_build": self.pending_build}
+
+    @classmethod
+    def from_dict(cls, answer: dict[str, Any]) -> Found:
+        """As :meth:`to_dict` wrote it (the daemon's answer, through JSON)."""
+        return cls([hit_from_dict(hit) for hit in answer["hits"]], answer.get("pending_build") or "")

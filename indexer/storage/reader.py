@@ -296,11 +296,19 @@ class IndexReader:
         self._held = None
 
 
+# A descriptor that only names the file (Linux): closing one that was opened for reading would
+# release every POSIX lock this process holds on the database, its other SQLite connections' too,
+# and another process could then take the file as unused (SQLite deletes its WAL and shared
+# memory when the last connection closes) under a connection still reading it.
+HOLD_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_CLOEXEC
+
+
 def hold_file(path: Path) -> int | None:
-    """A read-only descriptor of the regular file at ``path`` (None where there is none). Held
-    open, the file's inode cannot be reused, so comparing it with the path later is exact."""
+    """A descriptor of the regular file at ``path`` (None where there is none). Held open, the
+    file's inode cannot be reused, so comparing it with the path later is exact; it holds no lock
+    and closing it releases none (see :data:`HOLD_FLAGS`)."""
     try:
-        held = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        held = os.open(path, HOLD_FLAGS)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except OSError as error:  # no permission, say: one line, as for the database itself

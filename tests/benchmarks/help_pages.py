@@ -4,7 +4,7 @@ written before searching (2026-11-28), for keyword search and vectors beyond Eng
 Usage:
   python -m tests.benchmarks.help_pages write PAGES OUT [--languages es,fr,ja,ko]
   python -m tests.benchmarks.help_pages check CORPUS --language L [--index DIR] [--modes ...]
-      [-- BUILD ARGS...]
+      [-- BUILD ARGS...]    (modes: dense, lexical, hybrid, or FUSION:W such as rrf:0.5)
 
 ``PAGES`` is a checkout of the public tldr-pages repository (its ``pages.LANG/`` folders);
 ``write`` copies each development language's ``common`` and ``linux`` pages into ``OUT/LANG``
@@ -192,7 +192,7 @@ def check(
     for question, names in questions:
         row = []
         for mode in modes:
-            result = ragidx("query", question, "--index", str(index), "--mode", mode, "-k", "3", "--json")
+            result = ragidx("query", question, "--index", str(index), *mode_flags(mode), "-k", "3", "--json")
             if result.returncode != 0:
                 raise SystemExit(f"query failed: {result.stderr[-800:]}")
             found = [Path(hit["path"]).stem for hit in json.loads(result.stdout)]
@@ -201,6 +201,17 @@ def check(
             row.append(f"{mode} {'+' if hit else '-'} {','.join(found)}")
         print(f"{question[:40]:<40}  {' | '.join(row)}")
     print(f"{language} top 3 of {len(questions)}: " + ", ".join(f"{m} {s}" for m, s in scores.items()))
+
+
+def mode_flags(mode: str) -> list[str]:
+    """A mode's query flags: ``dense``, ``lexical`` or ``hybrid`` (the index's tuned fusion), or a
+    hybrid search at fixed weights, ``FUSION:W`` (``minmax:0.3``: min-max fusion, dense 0.3 and
+    keywords 0.7)."""
+    if ":" not in mode:
+        return ["--mode", mode]
+    fusion, weight = mode.split(":")
+    weights = f"dense={float(weight)},lexical={1 - float(weight):.2f}"
+    return ["--mode", "hybrid", "--fusion", fusion, "--weights", weights]
 
 
 def commands(
