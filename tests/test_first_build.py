@@ -21,7 +21,8 @@ from ragidx.indexer.faults import JOURNAL_KILL_POINT
 from ragidx.indexer.search.fusion import Fusion
 from ragidx.indexer.storage.location import JOURNAL_NAME
 from ragidx.indexer.wording import counted
-from tests.support.cli import assert_one_line_error, ragidx
+from tests.support.child_setup import interruptible
+from tests.support.cli import assert_one_line_error, ragidx, ragidx_after
 from tests.support.index_files import stored_vectors
 
 CHUNK_TOKENS = 64  # small chunks: a corpus of a few hundred short files is over twice the sample
@@ -206,8 +207,8 @@ def test_a_build_stopped_by_ctrl_c_says_what_it_kept_and_resumes_while_the_previ
     flags = ("--model", model, "--index", index, "--dtype", "float32", "--chunk-tokens", CHUNK_TOKENS)
     ragidx("build", sample_corpus, *flags)
     before = ragidx("query", "tides", "--index", index, "--json").stdout
-    stopped = ragidx("build", corpus, *flags, "--rebuild", "--dense", "--no-tune", check=False,
-                     env={"RAGIDX_INTERRUPT_AT": JOURNAL_KILL_POINT})  # fmt: skip
+    stopped = ragidx_after(interruptible, "build", corpus, *flags, "--rebuild", "--dense", "--no-tune",
+                           env={"RAGIDX_INTERRUPT_AT": JOURNAL_KILL_POINT})  # fmt: skip
     kept = journal.pending(index)
     assert stopped.returncode == 130 and kept is not None and kept.chunks > 0
     told = f"it kept {counted(kept.chunks, 'embedded chunk')} of {counted(kept.documents, 'document')} ("

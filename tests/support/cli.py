@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.child_setup import prepared, without_root_powers
@@ -41,12 +42,19 @@ def assert_one_line_error(result: subprocess.CompletedProcess, pattern: str) -> 
     assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]
 
 
-def ragidx_powerless(*args: str | Path) -> subprocess.CompletedProcess:
-    """``ragidx ARGS`` without the powers that let root read any file (file modes hold for it)."""
+def ragidx_after(
+    setup: Callable[[], None], *args: str | Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``ragidx ARGS`` after ``setup``, a function of :mod:`tests.support.child_setup`."""
     return subprocess.run(
-        prepared(without_root_powers, [RAGIDX, *args]),
+        prepared(setup, [RAGIDX, *args]),
         capture_output=True,
         text=True,
-        env=child_env(),
+        env={**child_env(), **(env or {})},
         timeout=300,
     )
+
+
+def ragidx_powerless(*args: str | Path) -> subprocess.CompletedProcess:
+    """``ragidx ARGS`` without the powers that let root read any file (file modes hold for it)."""
+    return ragidx_after(without_root_powers, *args)
