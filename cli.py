@@ -86,9 +86,8 @@ def build(paths: tuple[Path, ...], index_dir: Path | None, as_json: bool, **opti
     New and changed files (by content hash) are embedded, files gone from PATHS are removed, the
     rest is kept; settings not given are the index's own.
     """
-    options["dtype"] = options["dtype"] or "auto"
     try:
-        report = api.Index.update(paths, index_dir, **options)
+        report = api.Index.update(paths, options=_build_options(index_dir, options))
     except KeyboardInterrupt:
         kept = api.Index.pending_build(index_dir) or "nothing it embedded was kept; the index is as it was"
         click.echo(f"interrupted; {kept}", err=True)
@@ -163,20 +162,25 @@ def watch(
         )
         print_skipped(report.skipped)
 
-    options["dtype"] = options["dtype"] or "auto"
+    given = _build_options(index_dir, options)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         api.Index.watch(
             paths,
-            index_dir,
+            options=given,
             on_build=built,
             on_error=lambda message: click.echo(f"error: {message}", err=True),
             settle=settle,
             on_start=lambda: click.echo(f"watching {', '.join(map(str, paths))} (Ctrl-C stops)", err=True),
-            **options,
         )
     except KeyboardInterrupt:
         click.echo("stopped watching", err=True)
+
+
+def _build_options(index_dir: Path | None, options: dict[str, Any]) -> api.BuildOptions:
+    """``build``'s and ``watch``'s flags as the typed options the pipeline takes; no ``--dtype`` is
+    ``auto`` (the index's dtype when adding to it)."""
+    return api.BuildOptions.of(index_dir, **{**options, "dtype": options["dtype"] or "auto"})
 
 
 def _interrupt(*_: Any) -> None:

@@ -1,8 +1,8 @@
 """Retrieval over a built index: the public Python API.
 
-``Index``, ``Embedder``, ``Hit``, ``SearchOptions`` and ``Role`` are imported on first use, so
-``import ragidx.app`` (and the CLI, which answers many commands through a daemon without any
-model) stays cheap.
+``Index``, ``Embedder``, ``Hit``, ``SearchOptions``, ``BuildOptions`` and ``Role`` are imported on
+first use, so ``import ragidx.app`` (and the CLI, which answers many commands through a daemon
+without any model) stays cheap.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ragidx.app.embedder import Embedder
     from ragidx.app.retriever import Index, SearchOptions
+    from ragidx.indexer.build.settings import BuildOptions
     from ragidx.indexer.roles import Role
     from ragidx.indexer.search.hits import Hit, hit_from_dict
     from ragidx.indexer.storage.location import default_index_dir
 
 __all__ = [
+    "BuildOptions",
     "Embedder",
     "Hit",
     "Index",
@@ -31,6 +33,7 @@ __all__ = [
     "hit_from_dict",
 ]
 _HOMES = {
+    "BuildOptions": "ragidx.indexer.build.settings",
     "Embedder": "ragidx.app.embedder",
     "Hit": "ragidx.indexer.search.hits",
     "Index": "ragidx.app.retriever",

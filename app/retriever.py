@@ -16,7 +16,7 @@ from ragidx.app.reranking import candidate_options, rerank
 from ragidx.indexer.build.journal import describe_pending, pending
 from ragidx.indexer.build.maintenance import CheckReport, RemoveReport, check, remove
 from ragidx.indexer.build.pipeline import BuildReport, build
-from ragidx.indexer.build.settings import build_options, load_strategy
+from ragidx.indexer.build.settings import BuildOptions, load_strategy
 from ragidx.indexer.build.tuning import DEFAULT_PSEUDO_QUERIES, TuningReport, tune_and_store
 from ragidx.indexer.build.watch import watch
 from ragidx.indexer.errors import RagidxError
@@ -55,6 +55,18 @@ def check_new_tokens(max_new_tokens: Any) -> None:
         raise RagidxError(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
 
 
+def build_options(
+    index: str | Path | None, options: BuildOptions | None, keywords: dict[str, Any]
+) -> BuildOptions:
+    """A build's options, given as one :class:`BuildOptions` or as keywords, never both (which
+    would win would be a guess)."""
+    if options is None:
+        return BuildOptions.of(index, **keywords)
+    if keywords or index is not None:
+        raise RagidxError("give a build's options as keywords or as one BuildOptions, not both")
+    return options
+
+
 class Index:
     """A committed index; the model is loaded on first use, so settings can be read without it."""
 
@@ -90,39 +102,52 @@ class Index:
         return cls(IndexReader(directory or default_index_dir()), device, dtype, trust_remote_code)
 
     @classmethod
-    def build(cls, paths: Sequence[str | Path], index: str | Path | None = None, **options: Any) -> Index:
+    def build(
+        cls,
+        paths: Sequence[str | Path],
+        index: str | Path | None = None,
+        options: BuildOptions | None = None,
+        **keywords: Any,
+    ) -> Index:
         """Index the documents under ``paths`` into ``index`` and open it (see :meth:`update`)."""
-        report = cls.update(paths, index, **options)
-        device, trusted = options.get("device", "auto"), options.get("trust_remote_code", False)
-        return cls.open(report.index_dir, device=device, trust_remote_code=trusted)
+        given = build_options(index, options, keywords)
+        report = build(list(paths), given)
+        return cls.open(report.index_dir, device=given.device, trust_remote_code=given.trust_remote_code)
 
     @staticmethod
-    def update(paths: Sequence[str | Path], index: str | Path | None = None, **options: Any) -> BuildReport:
+    def update(
+        paths: Sequence[str | Path],
+        index: str | Path | None = None,
+        options: BuildOptions | None = None,
+        **keywords: Any,
+    ) -> BuildReport:
         """Create the index at ``index`` or bring it up to date with ``paths``, as ``ragidx build``
         does: new and changed files are embedded, files gone from ``paths`` removed.
 
-        ``options`` are ``ragidx build``'s, in Python spelling (``model=``, ``strategy="htp"``,
-        ``chunk_tokens=``, ``device=``, strategy options such as ``layers="20-27"``...); settings
-        not given are the index's own.
+        The options are ``ragidx build``'s, as keywords in Python spelling (``model=``,
+        ``strategy="htp"``, ``chunk_tokens=``, ``device=``, strategy options such as
+        ``layers="20-27"``...) or as one :class:`BuildOptions` (what the CLI passes); settings not
+        given are the index's own.
         """
-        return build(list(paths), build_options(index, **options))
+        return build(list(paths), build_options(index, options, keywords))
 
     @staticmethod
     def watch(
         paths: Sequence[str | Path],
         index: str | Path | None = None,
+        options: BuildOptions | None = None,
         *,
         on_build: Callable[[BuildReport], None],
         on_error: Callable[[str], None],
         settle: float = 1.0,
         on_start: Callable[[], None] = lambda: None,
         stop: threading.Event | None = None,
-        **options: Any,
+        **keywords: Any,
     ) -> None:
         """:meth:`update` now and again after every settled burst of changes under ``paths``, until
-        ``stop`` is set or KeyboardInterrupt (``ragidx watch``); ``options`` as for :meth:`update`."""
-        settings = build_options(index, **options)
-        watch(list(paths), settings, on_build, on_error, settle, stop, on_start)
+        ``stop`` is set or KeyboardInterrupt (``ragidx watch``); options as for :meth:`update`."""
+        given = build_options(index, options, keywords)
+        watch(list(paths), given, on_build, on_error, settle, stop, on_start)
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -173,3 +173,19 @@ def test_meta_options_parse_key_value_pairs():
 def test_unknown_build_options_are_refused(tmp_path, sample_corpus):
     with pytest.raises(RagidxError, match="unknown build option 'chunk_size'"):
         Index.build([sample_corpus], tmp_path / "index", chunk_size=10)
+
+
+def test_build_options_are_keywords_or_one_typed_object(tmp_path, sample_corpus):
+    """The CLI hands the pipeline one BuildOptions; the Python API takes keywords too, flat strategy
+    options included, but not both at once (which would win would be a guess)."""
+    from ragidx.app import BuildOptions
+
+    typed = BuildOptions.of(tmp_path / "index", strategy="htp", layers="1-2", chunk_tokens=64)
+    expected = (tmp_path / "index", {"layers": "1-2"}, 64)
+    assert (typed.index_dir, typed.strategy_options, typed.chunk_tokens) == expected
+    both = r"^give a build's options as keywords or as one BuildOptions, not both$"
+    with pytest.raises(RagidxError, match=both):
+        Index.update([sample_corpus], options=typed, chunk_tokens=32)
+    with pytest.raises(RagidxError, match="--ray-workers needs --ray"):
+        BuildOptions.of(ray_workers=2)
+    assert not (tmp_path / "index").exists()

@@ -78,7 +78,7 @@ def test_a_build_streams_groups_and_skips_files_unreadable_on_the_second_read(
     """Groups of 2 chunks go to the store one at a time and give the same vectors as the fixture's
     one-process build; a file that cannot be read again after the scan is skipped and reported."""
     from ragidx.indexer.build import embedding, pipeline
-    from ragidx.indexer.build.settings import build_options
+    from ragidx.indexer.build.settings import BuildOptions
     from ragidx.indexer.ingest.sources import SkippedFile
 
     monkeypatch.setattr(pipeline, "EMBED_SLICE", 2)
@@ -89,7 +89,7 @@ def test_a_build_streams_groups_and_skips_files_unreadable_on_the_second_read(
         return SkippedFile(str(path), "unreadable: gone") if path == lost else reread(path, **options)
 
     monkeypatch.setattr(embedding, "read_document", read_again)
-    options = build_options(tmp_path / "index", model=str(tiny_models["qwen2"]), progress=False)
+    options = BuildOptions.of(tmp_path / "index", model=str(tiny_models["qwen2"]), progress=False)
     report = pipeline.build([built / "corpus"], options)
     assert report.skipped == [SkippedFile(str(lost), "unreadable: gone")] and report.total_documents == 12
     streamed, whole = stored_vectors(tmp_path / "index"), stored_vectors(built / "index")

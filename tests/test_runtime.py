@@ -244,7 +244,7 @@ def test_a_strategy_that_needs_a_decoder_takes_the_default_decoder_when_no_model
     """The design card's `ragidx build ./docs --strategy htp` on a fresh install: the default
     model is an encoder, so a decoder strategy named alone takes the default decoder; a model named
     (or $RAGIDX_MODEL, or the index's) is kept; not installed, one line says how to install it."""
-    from ragidx.indexer.build.settings import build_options, resolve
+    from ragidx.indexer.build.settings import BuildOptions, resolve
     from ragidx.indexer.model.sources import PackagedModel
     from ragidx.indexer.strategies import model_for
 
@@ -252,9 +252,9 @@ def test_a_strategy_that_needs_a_decoder_takes_the_default_decoder_when_no_model
     monkeypatch.setattr(PackagedModel, "paths", lambda self: [Path(self.name)])  # installed
     assert model_for(["htp"]) == model_for(["mean", "aligned-wva"]) == "gemma3-270m"
     assert model_for([None]) == model_for(["mean", "auto"]) == "minilm"
-    chosen = resolve(build_options(strategy="htp"), None)
+    chosen = resolve(BuildOptions.of(strategy="htp"), None)
     assert (chosen.model, chosen.chose_decoder) == ("gemma3-270m", True)
-    named = resolve(build_options(strategy="htp", model="smollm2"), None)
+    named = resolve(BuildOptions.of(strategy="htp", model="smollm2"), None)
     assert (named.model, named.chose_decoder) == ("smollm2", False)
     monkeypatch.setenv("RAGIDX_MODEL", "/my/decoder")
     assert model_for(["htp"]) == "/my/decoder"

@@ -23,7 +23,7 @@ import numpy as np
 from ragidx.app import Index
 from ragidx.app.research.metrics import mean_retrieval_metrics, spearman
 from ragidx.indexer.build.pipeline import build
-from ragidx.indexer.build.settings import build_options
+from ragidx.indexer.build.settings import BuildOptions
 from ragidx.indexer.build.tuning import TuningReport
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.runtime import load_runtime
@@ -301,7 +301,7 @@ def evaluate_retrieval(
     the strategy, its options and the index folder are set per variant (a plain name is a
     variant without options).
     """
-    options = build_options(**shared)
+    options = BuildOptions.of(**shared)
     model = options.model or model_for(v.strategy if isinstance(v, Variant) else v for v in variants)
     report = RetrievalReport(dataset.name, split, len(dataset.corpus), len(dataset.queries), model)
     with tempfile.TemporaryDirectory(prefix="ragidx-eval-") as scratch:

@@ -92,25 +92,26 @@ class BuildOptions:
     max_file_mb: float | None = None  # files larger than this are skipped (default: the index's, else 64)
     dense: bool | None = None  # vectors always (True), never (False), or as a sample decides (None)
 
+    @classmethod
+    def of(cls, index_dir: str | Path | None = None, **options: Any) -> BuildOptions:
+        """The options of ``ragidx build`` in Python spelling, checked: an unknown name is refused;
+        strategy options may be given flat (``layers="20-27"``) or as ``strategy_options``."""
+        strategy_options = {**options.pop("strategy_options", {}), **split_strategy_options(options)}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise RagidxError(f"unknown build option {unknown[0]!r}")
+        if options.get("ray_workers") is not None and not options.get("ray"):
+            raise RagidxError("--ray-workers needs --ray")
+        if index_dir is not None:
+            options["index_dir"] = Path(index_dir)
+        return cls(strategy_options=strategy_options, **options)
+
 
 def split_strategy_options(options: dict[str, Any]) -> dict[str, Any]:
     """Pop the strategy options out of ``options``, keeping only those given (not None)."""
     given = {name: options.pop(name, None) for name in STRATEGY_OPTIONS}
     return {name: value for name, value in given.items() if value is not None}
-
-
-def build_options(index_dir: str | Path | None = None, **options: Any) -> BuildOptions:
-    """:class:`BuildOptions` from keyword arguments; strategy options may be given flat."""
-    strategy_options = {**options.pop("strategy_options", {}), **split_strategy_options(options)}
-    known = {f.name for f in dataclasses.fields(BuildOptions)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise RagidxError(f"unknown build option {unknown[0]!r}")
-    if options.get("ray_workers") is not None and not options.get("ray"):
-        raise RagidxError("--ray-workers needs --ray")
-    if index_dir is not None:
-        options["index_dir"] = Path(index_dir)
-    return BuildOptions(strategy_options=strategy_options, **options)
 
 
 class Resolved(NamedTuple):
