@@ -1,5 +1,6 @@
-"""A one-text forward (a query) on a CPU runs on the cores no other process is using: counted from
-/proc, fixed by RAGIDX_QUERY_THREADS, applied inside the forward, and given back afterwards."""
+"""A one-text forward (a query) on a CPU, and every slice the scheduler runs, uses the cores no other
+process is using: counted from /proc, fixed by RAGIDX_QUERY_THREADS, applied inside the forward or
+slice, and given back afterwards."""
 
 from __future__ import annotations
 
@@ -55,13 +56,13 @@ def test_the_threads_are_the_idle_cores_or_the_setting(monkeypatch):
     cases = ((0, 8, 8), (3, 8, 5), (7, 8, 1), (12, 8, 1), (0, 4, 4), (6, 4, 2), (None, 4, 4))
     for busy, most, expected in cases:
         monkeypatch.setattr(threads, "busy_elsewhere", lambda busy=busy: busy)
-        assert threads.one_text_threads(most) == expected
+        assert threads.idle_core_threads(most) == expected
     monkeypatch.setenv(threads.THREADS_VARIABLE, "3")
-    assert threads.one_text_threads(8) == 3
+    assert threads.idle_core_threads(8) == 3
     for wrong in ("0", "two", "-1"):
         monkeypatch.setenv(threads.THREADS_VARIABLE, wrong)
         with pytest.raises(RagidxError, match=f"RAGIDX_QUERY_THREADS='{wrong}' is not a number of threads"):
-            threads.one_text_threads(8)
+            threads.idle_core_threads(8)
 
 
 def test_a_query_runs_on_the_chosen_threads_and_gives_them_back(runtimes, monkeypatch):
@@ -89,7 +90,7 @@ def test_concurrent_queries_give_back_the_count_from_before_the_first(monkeypatc
     seen: list[tuple[int, int]] = []
 
     def query() -> None:
-        with threads.threads_for_one_text():
+        with threads.on_idle_cores():
             inside.wait(timeout=10)  # both are inside at once
             during = torch.get_num_threads()
             inside.wait(timeout=10)
@@ -105,3 +106,32 @@ def test_concurrent_queries_give_back_the_count_from_before_the_first(monkeypatc
     fresh.start()
     fresh.join()
     assert seen == [(1, before), (1, before)] and torch.get_num_threads() == before and later == [before]
+
+
+def test_every_served_slice_runs_on_the_chosen_threads_and_a_query_inside_keeps_them(runtimes, monkeypatch):
+    """The daemon's embeds fall off the same cliff as queries on a busy machine (83 texts/s on two
+    threads beside two spinning processes, 614 on one): the scheduler runs each slice on the
+    idle cores, and a one-text forward inside a slice keeps the slice's count, not torch's."""
+    from ragidx.app.service.scheduler import Scheduler
+
+    strategy = create_strategy("mean", runtimes["llama"])
+    seen: list[int] = []
+    hook = runtimes["llama"].model.register_forward_hook(lambda *args: seen.append(torch.get_num_threads()))
+    monkeypatch.setenv(threads.THREADS_VARIABLE, "1")
+    try:
+        with Scheduler() as scheduler, scheduler.job("client", "embed") as job:
+            before = scheduler.run(job, torch.get_num_threads)  # the slice's own count
+            batch = scheduler.run(job, strategy.encode, ["one document", "and another"], "document")
+            monkeypatch.setenv(threads.THREADS_VARIABLE, "3")
+
+            def query_inside() -> int:
+                os.environ[threads.THREADS_VARIABLE] = "2"  # read again, the query would take 2
+                strategy.encode(["a query"], "query")
+                return torch.get_num_threads()
+
+            inside = scheduler.run(job, query_inside)
+            after = scheduler.run(job, torch.get_num_threads)
+    finally:
+        hook.remove()
+    assert (before, seen, inside, after) == (1, [1, 3], 3, 2)
+    np.testing.assert_allclose(batch, strategy.encode(["one document", "and another"], "document"), atol=1e-6)

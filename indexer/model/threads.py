@@ -1,21 +1,26 @@
-"""How many threads a one-text forward pass (a query) runs on a CPU: the cores no other process is
-using at that moment.
+"""How many threads a forward pass runs on a CPU where the moment decides: the cores no other
+process is using then. A one-text forward (a query) does everywhere; every slice of model work a
+long-running ragidx runs for its clients (the scheduler's thread: queries, embeds, answers) does too.
 
 A query's forward is short, and torch's OpenMP threads wait for each other at every operator: when
 another process holds a core (a build, a second daemon), the thread on that core is descheduled and
 the others wait for it, operator after operator. On two cores with both busy, SmolLM2's query took
 1.9 s on two threads and 30 ms on one; with one busy, 40 ms (p95 142 ms) against 23 ms; quiet, two
-threads were 1.3x faster than one (docs/precision.md, ``tests/benchmarks/query_threads.py``). So a
-one-text forward takes as many threads as there are cores that are idle now: Linux counts the
+threads were 1.3x faster than one (docs/precision.md, ``tests/benchmarks/query_threads.py``). Batches
+fall off the same cliff: the daemon embedding 3,000 texts in slices beside two spinning processes
+did 83 texts/s on two threads and 614 on one, and a query behind it waited up to 2.5 s instead of
+0.4 (``tests/benchmarks/served_threads.py``). So such a forward takes as many threads as there are
+cores that are idle now: Linux counts the
 runnable threads of the whole machine in ``/proc/loadavg``, and this process's own in
 ``/proc/self/task``; a count above zero is taken again a moment later (see :func:`busy_elsewhere`).
-``RAGIDX_QUERY_THREADS`` fixes the number instead.
+``RAGIDX_QUERY_THREADS`` fixes the number instead. A build's batches keep torch's count.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -59,9 +64,9 @@ def runnable_elsewhere() -> int | None:
     return max(0, runnable - max(own, 1))  # this thread is running, whatever its stat said
 
 
-def one_text_threads(most: int) -> int:
-    """Threads for a one-text forward: ``$RAGIDX_QUERY_THREADS`` if set, else the cores (of
-    ``most``) that no other process is using now, at least one."""
+def idle_core_threads(most: int) -> int:
+    """Threads for a forward now: ``$RAGIDX_QUERY_THREADS`` if set, else the cores (of ``most``)
+    that no other process is using now, at least one."""
     given = os.environ.get(THREADS_VARIABLE, "").strip()
     if given:
         if not given.isdigit() or int(given) < 1:
@@ -73,29 +78,36 @@ def one_text_threads(most: int) -> int:
 
 class _Shared:
     """torch keeps a thread count per thread (OpenMP's) and one for threads yet to start: each
-    one-text forward sets and gives back its own thread's, and the count from before the first of
-    several concurrent ones (HTTP requests) is the one each gives back."""
+    block sets and gives back its own thread's, and the count from before the first of several
+    concurrent ones (HTTP requests) is the one each gives back. ``inside`` marks a thread already
+    in a block: a query embedded within a served slice keeps the slice's count."""
 
     lock = threading.Lock()
     active = 0
     before = 0
+    inside = threading.local()
 
 
 @contextlib.contextmanager
-def threads_for_one_text() -> Iterator[None]:
-    """Run the block (one text's forward on a CPU, in this thread) on :func:`one_text_threads`
-    threads, then give torch back the count it had."""
-    import torch
-
+def on_idle_cores() -> Iterator[None]:
+    """Run the block (model work on a CPU, in this thread) on :func:`idle_core_threads` threads,
+    then give torch back the count it had. Before torch is loaded there is nothing to fit (a
+    keyword-only daemon never loads it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or getattr(_Shared.inside, "active", False):
+        yield
+        return
     with _Shared.lock:
         if _Shared.active == 0:
             _Shared.before = torch.get_num_threads()
         _Shared.active += 1
         before = _Shared.before
-    torch.set_num_threads(one_text_threads(before))
+    _Shared.inside.active = True
+    torch.set_num_threads(idle_core_threads(before))
     try:
         yield
     finally:
+        _Shared.inside.active = False
         with _Shared.lock:
             _Shared.active -= 1
         torch.set_num_threads(before)

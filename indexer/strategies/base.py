@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from ragidx.indexer.errors import RagidxError
 from ragidx.indexer.model.batch_size import BatchSettings, device_batch
-from ragidx.indexer.model.threads import threads_for_one_text
+from ragidx.indexer.model.threads import on_idle_cores
 from ragidx.indexer.roles import ROLES, Role
 from ragidx.indexer.strategies.options import StrategyOptions
 from ragidx.indexer.strategies.traced_readout import TracedReadout
@@ -251,7 +251,7 @@ class Strategy(ABC):
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         sequences = [row.ids for row in prepared]
         one_text = len(texts) == 1 and self.runtime.device.type == "cpu"  # a query, as a rule
-        with self.runtime.in_use, threads_for_one_text() if one_text else contextlib.nullcontext():
+        with self.runtime.in_use, on_idle_cores() if one_text else contextlib.nullcontext():
             for batch in self.runtime.batches(sequences, self.batch.max_rows, self.batch.max_tokens):
                 out[batch.indices] = self._vectors(batch, prepared).float().cpu().numpy()
                 if progress:
