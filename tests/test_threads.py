@@ -109,8 +109,8 @@ def test_concurrent_queries_give_back_the_count_from_before_the_first(monkeypatc
 
 
 def test_every_served_slice_runs_on_the_chosen_threads_and_a_query_inside_keeps_them(runtimes, monkeypatch):
-    """The daemon's embeds fall off the same cliff as queries on a busy machine (83 texts/s on two
-    threads beside two spinning processes, 614 on one): the scheduler runs each slice on the
+    """The daemon's embeds fall off the same cliff as queries on a busy machine (14 texts/s on two
+    threads beside two spinning processes, 579 on one): the scheduler runs each slice on the
     idle cores, and a one-text forward inside a slice keeps the slice's count, not torch's."""
     from ragidx.app.service.scheduler import Scheduler
 

@@ -30,8 +30,8 @@ on a chat endpoint, and a lexical search that needs no model waited for it all t
 - *Background* jobs (the daemon's warm-up) run only when no other slice waits.
 - Each slice runs on the cores no other process is using then
   (:func:`~ragidx.indexer.model.threads.on_idle_cores`): beside two spinning processes on two
-  cores, an embed of 3,000 texts ran 83 texts/s on two threads and 614 on one, and the queries
-  waiting behind its slices up to 2.5 s instead of 0.4.
+  cores, embeds ran 14 texts/s on two threads and 579 on one, and a search waiting behind their
+  slices up to 1.48 s instead of 0.51 (``tests/benchmarks/served_threads.py``).
 - :meth:`Scheduler.status` lists every job, running or waiting, with its client.
 
 The scheduling is Ollama's and TEI's in small (a bounded queue, batches of what waits), with

@@ -7,9 +7,9 @@ another process holds a core (a build, a second daemon), the thread on that core
 the others wait for it, operator after operator. On two cores with both busy, SmolLM2's query took
 1.9 s on two threads and 30 ms on one; with one busy, 40 ms (p95 142 ms) against 23 ms; quiet, two
 threads were 1.3x faster than one (docs/precision.md, ``tests/benchmarks/query_threads.py``). Batches
-fall off the same cliff: the daemon embedding 3,000 texts in slices beside two spinning processes
-did 83 texts/s on two threads and 614 on one, and a query behind it waited up to 2.5 s instead of
-0.4 (``tests/benchmarks/served_threads.py``). So such a forward takes as many threads as there are
+fall off the same cliff: the daemon's embeds in slices beside two spinning processes did 14 texts/s
+on two threads and 579 on one, and a search behind them waited up to 1.48 s instead of 0.51
+(``tests/benchmarks/served_threads.py``). So such a forward takes as many threads as there are
 cores that are idle now: Linux counts the
 runnable threads of the whole machine in ``/proc/loadavg``, and this process's own in
 ``/proc/self/task``; a count above zero is taken again a moment later (see :func:`busy_elsewhere`).
