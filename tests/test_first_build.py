@@ -282,3 +282,35 @@ def test_a_journal_of_other_settings_is_not_taken(tmp_path, tiny_models, sample_
     )
     assert again["resumed"] is None and again["embedded_tokens"] == again["tokens"]
     assert "resumed" not in ragidx("build", sample_corpus, *flags).stdout
+
+
+def test_a_copy_in_the_same_build_is_embedded_once_and_not_called_resumed(
+    tmp_path, tiny_models, sample_corpus
+):
+    """Two files with the same content (a page installed under two names) are embedded once: the
+    second takes the first's vectors, and a first build says so, not that an interrupted build was
+    resumed (it said "resumed: ... embedded by an interrupted build" of every such copy)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    originals = sorted(p for p in sample_corpus.rglob("*.md"))[:3]
+    for path in originals:
+        (docs / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    (docs / "copy.md").write_text(originals[0].read_text(encoding="utf-8"), encoding="utf-8")
+    model = tiny_models["llama"]
+    report = build([docs], options(model, tmp_path / "index", dense=True, tune=False))
+    alone = build([docs / originals[0].name], options(model, tmp_path / "alone", dense=True, tune=False))
+    copy = report.copied
+    assert report.resumed is None and copy is not None
+    # a long file is journalled in parts: its copy takes the parts saved before it comes up
+    assert copy.documents == 1 and 0 < copy.chunks <= alone.chunks and 0 < copy.tokens <= alone.tokens
+    assert report.embedded_tokens == report.tokens - copy.tokens
+    assert report.summary().startswith(
+        f"indexed 4 documents as {report.chunks} chunks ({report.tokens} tokens): {copy.chunks} chunks of 1 "
+        f"document the same as another file's, not embedded twice, {report.chunks - copy.chunks} embedded "
+    )
+    assert report.to_dict()["copied"] == {"documents": 1, "chunks": copy.chunks, "tokens": copy.tokens}
+    vectors = stored_vectors(tmp_path / "index")
+    for ordinal in range(alone.chunks):
+        np.testing.assert_array_equal(
+            vectors[(str(docs / "copy.md"), ordinal)][1], vectors[(str(docs / originals[0].name), ordinal)][1]
+        )

@@ -8,7 +8,9 @@ of a long one) is written here as soon as its vectors exist (one small SQLite tr
 like any commit), keyed by the document's content hash and the chunks' place in it; a later build
 with the same embedding settings (the journal's fingerprint) takes the vectors of each document's
 chunks from here, as far as they run unbroken from its first, and embeds only the rest. A
-successful commit deletes the journal: its vectors are then in the index.
+successful commit deletes the journal: its vectors are then in the index. A file whose content
+another file of the same build has (a copy, a page installed under two names) takes its vectors
+from here too, counted as a copy, not as resumed work.
 
 The journal sits beside the index database (:data:`JOURNAL_NAME`), and outlives a first build
 that committed nothing (the writer leaves it when it clears such a build's files).
@@ -53,21 +55,30 @@ def fingerprint(settings: Mapping[str, Any]) -> str:
 
 
 @dataclass
-class Resumed:
-    """What a build took from the journal instead of embedding it."""
+class Reused:
+    """Chunks a build took from the journal instead of embedding them."""
 
     documents: int = 0
     chunks: int = 0
     tokens: int = 0
+
+    def add(self, chunks: int, tokens: int) -> None:
+        self.documents += 1
+        self.chunks += chunks
+        self.tokens += tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"documents": self.documents, "chunks": self.chunks, "tokens": self.tokens}
+
+
+@dataclass
+class Resumed(Reused):
+    """What a build took from the journal of an interrupted one instead of embedding it."""
+
     since: float | None = None  # when the interrupted build saved its first vectors (epoch seconds)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "documents": self.documents,
-            "chunks": self.chunks,
-            "tokens": self.tokens,
-            "since": self.since,
-        }
+        return {**super().to_dict(), "since": self.since}
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.since)) if self.since else "earlier"
@@ -119,6 +130,8 @@ class EmbeddingJournal:
         self.path = Path(directory) / JOURNAL_NAME
         self.fingerprint = fingerprint(settings)
         self.resumed = Resumed()
+        self.copied = Reused()  # documents whose content an earlier one of this build has
+        self._saved_here: set[tuple[str, int, int]] = set()  # parts this build saved
         self._db: sqlite3.Connection | None = None
         self._found: dict[str, list[_Saved]] | None = None  # content hash -> its parts
 
@@ -166,22 +179,22 @@ class EmbeddingJournal:
         return self._found
 
     def take(self, record: DocumentRecord) -> np.ndarray | None:
-        """The vectors of all of ``record``'s chunks if earlier builds embedded this very content
-        with these settings (counted in :attr:`resumed`), else None."""
-        held = self._held(record)
-        if held is None or len(held[0]) < len(record.chunks):
+        """The vectors of all of ``record``'s chunks if builds embedded this very content with
+        these settings (counted in :attr:`resumed` or :attr:`copied`), else None."""
+        chosen = self._held(record)
+        if not chosen or chosen[-1][0].stop < len(record.chunks):
             return None
-        return self._count(record, *held)
+        return self._taken(record, chosen)
 
     def take_start(self, record: DocumentRecord) -> np.ndarray | None:
         """The vectors of ``record``'s first chunks, as many in a row as the journal holds (None:
-        none), counted in :attr:`resumed`: the build embeds the chunks after them."""
-        held = self._held(record)
-        return None if held is None else self._count(record, *held)
+        none), counted as :meth:`take` counts them: the build embeds the chunks after them."""
+        chosen = self._held(record)
+        return self._taken(record, chosen) if chosen else None
 
-    def _held(self, record: DocumentRecord) -> tuple[np.ndarray, float] | None:
-        """The journalled vectors of ``record``'s chunks from its first on, and when the first of
-        them was saved; None where it holds none."""
+    def _held(self, record: DocumentRecord) -> list[tuple[_Saved, int]]:
+        """The journalled parts that hold ``record``'s chunks unbroken from its first, each with
+        the first chunk taken from it (empty: none)."""
         total = len(record.chunks)
         parts = [part for part in self._index().get(record.source.content_hash, []) if part.total == total]
         reached, chosen = 0, []
@@ -189,26 +202,29 @@ class EmbeddingJournal:
             if part.start <= reached < part.stop:
                 chosen.append((part, reached))
                 reached = part.stop
-        if not chosen:
-            return None
-        db = self._connection()
-        pieces = []
+        return chosen
+
+    def _taken(self, record: DocumentRecord, chosen: Sequence[tuple[_Saved, int]]) -> np.ndarray:
+        """The vectors of the chunks ``chosen`` holds, counted: those of parts this build saved
+        (an earlier file with the same content) as copied, the others as resumed."""
+        digest, db = record.source.content_hash, self._connection()
+        pieces, resumed, copied = [], [0, 0], [0, 0]  # chunks, tokens
         for part, first in chosen:
             dimension, blob = db.execute(
                 "select dimension, vectors from parts where content_hash = ? and start = ? and stop = ?",
-                [record.source.content_hash, part.start, part.stop],
+                [digest, part.start, part.stop],
             ).fetchone()
             rows = np.frombuffer(blob, dtype=np.float32).reshape(part.stop - part.start, dimension)
             pieces.append(rows[first - part.start :])
-        return np.concatenate(pieces), min(part.saved_at for part, _ in chosen)
-
-    def _count(self, record: DocumentRecord, vectors: np.ndarray, saved_at: float) -> np.ndarray:
-        resumed = self.resumed
-        resumed.documents += 1
-        resumed.chunks += len(vectors)
-        resumed.tokens += sum(chunk.token_count for chunk in record.chunks[: len(vectors)])
-        resumed.since = min(saved_at, resumed.since or saved_at)
-        return vectors
+            tally = copied if (digest, part.start, part.stop) in self._saved_here else resumed
+            tally[0] += part.stop - first
+            tally[1] += sum(chunk.token_count for chunk in record.chunks[first : part.stop])
+            if tally is resumed:
+                self.resumed.since = min(part.saved_at, self.resumed.since or part.saved_at)
+        for reused, (chunks, tokens) in ((self.resumed, resumed), (self.copied, copied)):
+            if chunks:
+                reused.add(chunks, tokens)
+        return np.concatenate(pieces)
 
     def save(self, parts: Sequence[Part], vectors: np.ndarray) -> None:
         """Keep the vectors of ``parts`` (one row per chunk, in part order) in one transaction."""
@@ -229,6 +245,7 @@ class EmbeddingJournal:
         found = self._index()
         for digest, start, stop, total, *_ in rows:
             found.setdefault(digest, []).append(_Saved(start, stop, total, now))
+            self._saved_here.add((digest, start, stop))
         for digest in {row[0] for row in rows}:
             found[digest].sort(key=lambda part: part.start)  # as _held reads them
         checkpoint(JOURNAL_KILL_POINT)

@@ -17,7 +17,7 @@ import numpy as np
 from ragidx import __version__
 from ragidx.indexer.build.distributed import WorkerSpec, connect, embed_documents_on_ray
 from ragidx.indexer.build.embedding import Embedded, Part, embed_chunks, read_record
-from ragidx.indexer.build.journal import EmbeddingJournal, Resumed
+from ragidx.indexer.build.journal import EmbeddingJournal, Resumed, Reused
 from ragidx.indexer.build.maintenance import reembed
 from ragidx.indexer.build.sampling import (
     Sample,
@@ -93,6 +93,9 @@ class BuildReport:
     embedded_tokens: int = 0  # of ``tokens``, those put through the model (not resumed, not lexical)
     sample: SampleReport | None = None  # the sample that decided whether to keep vectors
     resumed: Resumed | None = None  # what an interrupted build had embedded, taken from its journal
+    copied: Reused | None = (
+        None  # documents with the content of an earlier one of this build: not embedded twice
+    )
     languages: dict[str, int] = field(default_factory=dict)  # the index's chunks in each language
     languages_note: str = ""  # the languages the model cannot read ("" where it reads them all)
 
@@ -105,8 +108,9 @@ class BuildReport:
 
     @property
     def embedded_chunks(self) -> int:
-        """Of ``chunks``, those put through the model (not taken from an interrupted build's journal)."""
-        return self.chunks - (self.resumed.chunks if self.resumed else 0)
+        """Of ``chunks``, those put through the model (not taken from an interrupted build's
+        journal, nor copied from a file of the same content)."""
+        return self.chunks - sum(reused.chunks for reused in (self.resumed, self.copied) if reused)
 
     @property
     def vectors_per_second(self) -> float:
@@ -121,14 +125,17 @@ class BuildReport:
         if not self.dense:
             return f"indexed {counts} without vectors (a lexical index); {self.seconds:.1f} s in all"
         rate = f"{self.tokens_per_second:.0f} tokens/s, {self.vectors_per_second:.1f} chunks/s"
-        if not self.resumed:
+        taken = [f"{counted(self.resumed.chunks, 'chunk')} taken from the journal"] if self.resumed else []
+        if self.copied:
+            chunks, copies = counted(self.copied.chunks, "chunk"), counted(self.copied.documents, "document")
+            taken.append(f"{chunks} of {copies} the same as another file's, not embedded twice")
+        if not taken:
             return f"embedded {counts} in {self.embed_seconds:.1f} s ({rate}); {self.seconds:.1f} s in all"
-        taken = f"{counted(self.resumed.chunks, 'chunk')} taken from the journal"
         if not self.embedded_chunks:
-            return f"indexed {counts}: all {taken}, none embedded; {self.seconds:.1f} s in all"
+            return f"indexed {counts}: {', '.join(taken)}, none embedded; {self.seconds:.1f} s in all"
         embedded = f"{self.embedded_chunks} embedded ({counted(self.embedded_tokens, 'token')})"
         timing = f"in {self.embed_seconds:.1f} s ({rate}); {self.seconds:.1f} s in all"
-        return f"indexed {counts}: {taken}, {embedded} {timing}"
+        return f"indexed {counts}: {', '.join(taken)}, {embedded} {timing}"
 
     @property
     def tokens_per_second(self) -> float:
@@ -167,6 +174,7 @@ class BuildReport:
             "vectorised": self.vectorised,
             "sample": self.sample.to_dict() if self.sample else None,
             "resumed": self.resumed.to_dict() if self.resumed else None,
+            "copied": self.copied.to_dict() if self.copied else None,
             "tokens": self.tokens,
             "embedded_tokens": self.embedded_tokens,
             "truncated_chunks": self.truncated_chunks,
@@ -271,6 +279,7 @@ class Generation:
     embedded: Embedded
     sample: DecidedSample | None
     resumed: Resumed | None
+    copied: Reused | None
 
 
 def _survey(paths: Sequence[str | Path], options: BuildOptions, writer: IndexWriter) -> Survey:
@@ -371,7 +380,8 @@ def _write_generation(
         journal.close()
     journal.discard()
     resumed = journal.resumed if journal.resumed.documents else None
-    return Generation(settings, committed, embedded, sample, resumed)
+    copied = journal.copied if journal.copied.documents else None
+    return Generation(settings, committed, embedded, sample, resumed, copied)
 
 
 def _embed(
@@ -430,6 +440,7 @@ def _finish(
     )
     report.sample = sample.report if sample is not None else None
     report.resumed = generation.resumed
+    report.copied = generation.copied
     return report
 
 
