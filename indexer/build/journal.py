@@ -115,12 +115,14 @@ def describe_pending(kept: Resumed) -> str:
 
 @dataclass(frozen=True)
 class _Saved:
-    """Where a journalled part lies in its document, and when it was saved."""
+    """Where a journalled part lies in its document, when it was saved, and whether by this build
+    (then a file taking it is a copy of one embedded earlier, not resumed work)."""
 
     start: int
     stop: int
     total: int  # the document's chunks when it was saved: another chunking is another document
     saved_at: float
+    here: bool = False
 
 
 class EmbeddingJournal:
@@ -131,7 +133,6 @@ class EmbeddingJournal:
         self.fingerprint = fingerprint(settings)
         self.resumed = Resumed()
         self.copied = Reused()  # documents whose content an earlier one of this build has
-        self._saved_here: set[tuple[str, int, int]] = set()  # parts this build saved
         self._db: sqlite3.Connection | None = None
         self._found: dict[str, list[_Saved]] | None = None  # content hash -> its parts
 
@@ -208,7 +209,7 @@ class EmbeddingJournal:
         """The vectors of the chunks ``chosen`` holds, counted: those of parts this build saved
         (an earlier file with the same content) as copied, the others as resumed."""
         digest, db = record.source.content_hash, self._connection()
-        pieces, resumed, copied = [], [0, 0], [0, 0]  # chunks, tokens
+        pieces = []
         for part, first in chosen:
             dimension, blob = db.execute(
                 "select dimension, vectors from parts where content_hash = ? and start = ? and stop = ?",
@@ -216,14 +217,16 @@ class EmbeddingJournal:
             ).fetchone()
             rows = np.frombuffer(blob, dtype=np.float32).reshape(part.stop - part.start, dimension)
             pieces.append(rows[first - part.start :])
-            tally = copied if (digest, part.start, part.stop) in self._saved_here else resumed
-            tally[0] += part.stop - first
-            tally[1] += sum(chunk.token_count for chunk in record.chunks[first : part.stop])
-            if tally is resumed:
-                self.resumed.since = min(part.saved_at, self.resumed.since or part.saved_at)
-        for reused, (chunks, tokens) in ((self.resumed, resumed), (self.copied, copied)):
-            if chunks:
-                reused.add(chunks, tokens)
+        for here, reused in ((False, self.resumed), (True, self.copied)):
+            mine = [(part, first) for part, first in chosen if part.here is here]
+            if mine:
+                tokens = sum(
+                    chunk.token_count for part, first in mine for chunk in record.chunks[first : part.stop]
+                )
+                reused.add(sum(part.stop - first for part, first in mine), tokens)
+        earlier = [part.saved_at for part, _ in chosen if not part.here]
+        if earlier:
+            self.resumed.since = min(*earlier, self.resumed.since or earlier[0])
         return np.concatenate(pieces)
 
     def save(self, parts: Sequence[Part], vectors: np.ndarray) -> None:
@@ -244,8 +247,7 @@ class EmbeddingJournal:
             db.executemany("insert or replace into parts values (?, ?, ?, ?, ?, ?, ?)", rows)
         found = self._index()
         for digest, start, stop, total, *_ in rows:
-            found.setdefault(digest, []).append(_Saved(start, stop, total, now))
-            self._saved_here.add((digest, start, stop))
+            found.setdefault(digest, []).append(_Saved(start, stop, total, now, here=True))
         for digest in {row[0] for row in rows}:
             found[digest].sort(key=lambda part: part.start)  # as _held reads them
         checkpoint(JOURNAL_KILL_POINT)
