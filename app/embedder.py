@@ -37,7 +37,8 @@ class Embedder:
         templates = {name: options.pop(name) for name in TEMPLATES if options.get(name) is not None}
         if options:
             raise RagidxError(f"unknown embedding option {sorted(options)[0]!r}")
-        runtime = load_runtime(model or model_for([strategy]), device, dtype, trust_remote_code)
+        loaded = model or model_for([strategy])
+        runtime = load_runtime(loaded, device, dtype, trust_remote_code, strategy=strategy or "")
         self.model = runtime.model_id
         self.strategy: Strategy = create_strategy(
             named_or_default(strategy, runtime), runtime, **given, **templates

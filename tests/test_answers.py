@@ -246,11 +246,16 @@ def test_a_hand_damaged_precision_cache_is_measured_again(tmp_path, monkeypatch)
 
     monkeypatch.setattr(precision, "cache_dir", lambda: tmp_path)
     monkeypatch.setattr(precision, "_machine_key", lambda hidden, intermediate: "key")
-    probe = precision.PrecisionProbe(10.0, 12.0, 0.0, 0.0)
+    probe = precision.PrecisionProbe(10.0, 12.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     monkeypatch.setattr(precision, "probe_precision", lambda hidden, intermediate: probe)
     for damaged in (
         {"float32_gflops": "fast", "packed_float32_gflops": 1, "bfloat16_gflops": 0, "half_gflops": 0},
-        {"float32_gflops": 1.0, "packed_float32_gflops": 1.0, "bfloat16_gflops": 0.0},  # an older ragidx's
+        {
+            "float32_gflops": 1.0,
+            "packed_float32_gflops": 1.0,
+            "bfloat16_gflops": 0.0,
+            "half_gflops": 0.0,
+        },  # older
         {"float32_gflops": None},
         [1],
         "x",

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from click.testing import CliRunner
-from transformers import AutoModel
 
 from ragidx.cli import cli
 from ragidx.indexer.errors import RagidxError
@@ -21,23 +20,10 @@ from tests.support.held_weights import (
     assert_held_equals_reference,
     assert_held_layout,
     decoder_strategies,
-    rounded_model,
+    fake_int8_model,
+    rounded_by_hand,
 )
 from tests.support.model_checks import ONE_PER_MECHANISM
-
-
-def rounded_by_hand(weight: torch.Tensor, group: int = int8_weights.GROUP) -> torch.Tensor:
-    """A weight as the int8 path holds it, computed here: each group of a row spans its minimum
-    to maximum in 255 steps, scale and offset (the weight int8 0 stands for) in float16."""
-    out = weight.clone()
-    for row in range(weight.shape[0]):
-        for start in range(0, weight.shape[1], group):
-            values = weight[row, start : start + group]
-            step = ((values.max() - values.min()) / 255).half().float()
-            step = step if step > 0 else torch.tensor(1.0)
-            zero = (values.min() + 128 * step).half().float()
-            out[row, start : start + group] = ((values - zero) / step).round().clamp(-128, 127) * step + zero
-    return out
 
 
 @pytest.mark.parametrize("tile", [int8_weights.TILE_WEIGHTS, 320])  # one tile; 5 rows a tile, 7 tiles
@@ -70,12 +56,6 @@ def test_a_row_that_does_not_split_into_groups_is_one_group():
     assert layer.weight_scales.shape == (3, 1)
     inputs = torch.randn(4, 40)
     torch.testing.assert_close(layer(inputs), inputs @ rounded_by_hand(weight, 40).T, rtol=1e-6, atol=1e-5)
-
-
-def fake_int8_model(folder, kind=AutoModel) -> torch.nn.Module:
-    """The folder's model in float32 with every weight rounded as the int8 path rounds it: to the
-    16-bit type it loads in, then each linear layer's rows to int8 (an independent computation)."""
-    return rounded_model(folder, torch.bfloat16, rounded_by_hand, kind)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
@@ -201,23 +181,26 @@ SHAPE = SimpleNamespace(hidden_size=576, intermediate_size=1536)
 def test_without_bf16_instructions_auto_takes_float16_weights_where_a_build_keeps_up(
     monkeypatch, tmp_path, half_gflops, chosen
 ):
-    """The probe times float32 plain and packed and float16 weights, never int8 weights (an upcast
-    before a float32 product: never faster) nor emulated bf16; float16 weights are taken at 0.9x the
-    faster float32 or better (half the memory, faster queries), not below."""
+    """The probe times float32 plain and packed, float16 weights and int8 x int8 products, never
+    int8 weights (an upcast before a float32 product: never faster) nor emulated bf16; float16
+    weights are taken at 0.9x the faster float32 or better (half the memory, faster queries), not
+    below. Integer products are kept for the strategies admitted (tests/test_int8_products.py)."""
     monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(precision, "cpu_has_bfloat16_instructions", lambda: False)
     monkeypatch.setattr(precision, "can_pack_linear_weights", lambda dtype: True)
     timed = []
 
-    def rate(dtype, inputs, outputs, *args, packed=False):
-        timed.append((dtype, packed))
+    def rate(dtype, inputs, outputs, tokens=256, packed=False):
+        timed.append((dtype, packed) if tokens == 256 else (dtype, packed, tokens))
         speeds = {("float32", False): 100.0, ("float32", True): 120.0, ("float16", False): half_gflops}
-        return speeds[(dtype, packed)] * 1e9
+        speeds[("w8a8", False)] = 150.0
+        return speeds[(dtype, packed)] * (1e9 if tokens == 256 else 0.5e9)
 
     monkeypatch.setattr(precision, "linear_flops_per_second", rate)
     assert resolve_dtype("auto", "cpu", SHAPE) == chosen
     assert resolve_dtype("auto", "cpu", SHAPE) == chosen  # cached: timed once
-    assert timed == [("float32", False), ("float32", True), ("float16", False)]
+    query = [("w8a8", False, 12), (chosen, chosen == "float32", 12)]  # both at a query's rows
+    assert timed == [("float32", False), ("float32", True), ("float16", False), ("w8a8", False), *query]
     assert precision.packs_float32(576, 1536)
     (entry,) = json.loads((tmp_path / "precision.json").read_text()).values()
     assert entry == {
@@ -225,4 +208,7 @@ def test_without_bf16_instructions_auto_takes_float16_weights_where_a_build_keep
         "packed_float32_gflops": 120.0,
         "bfloat16_gflops": 0.0,
         "half_gflops": half_gflops,
+        "integer_gflops": 150.0,
+        "integer_query_gflops": 75.0,
+        "float_query_gflops": half_gflops / 2 if chosen == "float16" else 60.0,
     }

@@ -110,13 +110,25 @@ def probes(monkeypatch, tmp_path):
     monkeypatch.setenv("RAGIDX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(precision, "cpu_has_bfloat16_instructions", lambda: True)
     calls: list[tuple[int, int]] = []
-    measured = {"float32": 100.0, "packed float32": 0.0, "bfloat16": 250.0, "float16 weights": 0.0}
+    measured = {
+        "float32": 100.0,
+        "packed float32": 0.0,
+        "bfloat16": 250.0,
+        "float16 weights": 0.0,
+        "w8a8": 0.0,
+    }
 
     def probe(hidden: int, intermediate: int) -> precision.PrecisionProbe:
         calls.append((hidden, intermediate))
         bfloat16 = measured["bfloat16"] if precision.cpu_has_bfloat16_instructions() else 0.0
         return precision.PrecisionProbe(
-            measured["float32"], measured["packed float32"], bfloat16, measured["float16 weights"]
+            measured["float32"],
+            measured["packed float32"],
+            bfloat16,
+            measured["float16 weights"],
+            measured["w8a8"],
+            0.0,
+            0.0,
         )
 
     monkeypatch.setattr(precision, "probe_precision", probe)
@@ -136,6 +148,9 @@ def test_auto_on_cpu_takes_the_dtype_measured_faster_and_measures_once_per_shape
         "packed_float32_gflops": 0.0,
         "bfloat16_gflops": 250.0,
         "half_gflops": 0.0,
+        "integer_gflops": 0.0,
+        "integer_query_gflops": 0.0,
+        "float_query_gflops": 0.0,
     }
     tiny = SimpleNamespace(hidden_size=64, intermediate_size=128)
     assert resolve_dtype("auto", "cpu", tiny) == "float32"  # too small to time: never probed

@@ -414,8 +414,14 @@ def evaluate_sts_variants(
     dtype: str = "auto",
     progress: bool = True,
 ) -> StsReport:
-    """Spearman × 100 of each variant, all on one loaded model, with a bar over the texts."""
-    runtime = load_runtime(model or model_for(variant.strategy for variant in variants), device, dtype)
+    """Spearman × 100 of each variant, all on one loaded model, with a bar over the texts. One
+    strategy (or the default) runs in the dtype a build of it would (``auto`` may take integer
+    products for it); several share float products."""
+    named = {variant.strategy or "" for variant in variants}
+    embeds_with = named.pop() if len(named) == 1 else None
+    runtime = load_runtime(
+        model or model_for(variant.strategy for variant in variants), device, dtype, strategy=embeds_with
+    )
     report = StsReport(str(path), len(pairs.gold), runtime.model_id)
     for variant in variants:
         name = named_or_default(variant.strategy, runtime)

@@ -328,7 +328,8 @@ def _model(
     stored = survey.stored
     if stored and source.model_id == stored.model:
         check_same_file(source, stored.model_file)
-    arguments = (source, options.device, survey.resolution.dtype, options.trust_remote_code)
+    strategy = survey.resolution.strategy_asked or ""  # "": the model's default
+    arguments = (source, options.device, survey.resolution.dtype, options.trust_remote_code, strategy)
     runtime = loaded.get(arguments) if loaded is not None else None
     if runtime is None:
         notice(f"loading model {source.model_id} ...", options.progress and sys.stderr.isatty())

@@ -51,7 +51,7 @@ def load_strategy(
     source = resolve_model(settings.model)
     check_same_file(source, settings.model_file)
     chosen = dtype or settings.dtype or "auto"
-    runtime = load_runtime(source, device, chosen, trust_remote_code)
+    runtime = load_runtime(source, device, chosen, trust_remote_code, strategy=settings.strategy)
     return strategy_from_index(settings.strategy, runtime, settings.strategy_params)
 
 

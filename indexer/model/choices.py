@@ -11,8 +11,9 @@ from ragidx.indexer.errors import RagidxError
 DEFAULT_MODEL = "minilm"  # measured best per minute of build among the offline models: docs/choosing.md
 DEFAULT_DECODER = "gemma3-270m"  # the best offline decoder (docs/choosing.md): what `calibrate` tunes
 DEVICES = ("auto", "cpu", "cuda", "mps")
-# int8 (and float16 on a CPU): int8 (float16) weights, float32 products
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+# int8 (and float16 on a CPU): int8 (float16) weights, float32 products; w8a8: int8 x int8 products
+# (a CPU's integer units: indexer/model/int8_products.py)
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "w8a8")
 
 
 MODEL_VARIABLE = "RAGIDX_MODEL"

@@ -17,7 +17,7 @@ import functools
 import types
 from typing import TYPE_CHECKING, Any
 
-from ragidx.indexer.model.packed_linear import count_linear_flops
+from ragidx.indexer.model.packed_linear import count_linear_flops, traceable_function
 
 if TYPE_CHECKING:
     import torch
@@ -32,13 +32,6 @@ graph(%inputs : Tensor, %packed : __torch__.torch.classes.quantized.LinearPacked
   %output : Tensor = quantized::linear_dynamic_fp16(%inputs, %packed)
   return (%output)
 """
-
-
-@functools.cache
-def _traceable_product() -> Any:
-    import torch
-
-    return torch._C._create_function_from_graph("half_linear", torch._C.parse_ir(TRACEABLE_PRODUCT_IR))
 
 
 @functools.cache
@@ -61,7 +54,7 @@ def half_product(inputs: torch.Tensor, packed: Any, bias: torch.Tensor | None) -
     import torch
 
     if torch.jit.is_tracing():
-        result = _traceable_product()(inputs, packed)
+        result = traceable_function("half_linear", TRACEABLE_PRODUCT_IR)(inputs, packed)
     else:
         result = torch.ops.quantized.linear_dynamic_fp16(inputs, packed)
     return result if bias is None else result.add_(bias)

@@ -102,6 +102,19 @@ def int8_product(inputs: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | 
     return torch.reshape(result, (*inputs.shape[:-1], outputs))
 
 
+def held_int8(module: nn.Linear) -> Int8Weight:
+    """The int8 weight :func:`hold_int8` gave ``module``."""
+    names = ("int8_weight", "weight_scales", "weight_offsets")
+    return Int8Weight(*(module.get_buffer(name) for name in names))
+
+
+def float_weight(weight: Int8Weight) -> torch.Tensor:
+    """``weight`` upcast to float32 whole (``values x scale + offset``)."""
+    upcast = weight.values.float().view(weight.values.shape[0], -1, weight.group)
+    upcast.mul_(weight.scales[..., None]).add_(weight.offsets[..., None])
+    return upcast.view(weight.values.shape)
+
+
 def hold_int8(module: nn.Linear) -> None:
     """Replace ``module``'s weight by its int8 form (buffers ``int8_weight``, ``weight_scales`` and
     ``weight_offsets``; ``weight`` becomes None) and its forward by :func:`int8_product`."""
@@ -114,9 +127,6 @@ def hold_int8(module: nn.Linear) -> None:
         module.bias.data = module.bias.data.float()
 
     def forward(self: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
-        held = Int8Weight(
-            *(self.get_buffer(name) for name in ("int8_weight", "weight_scales", "weight_offsets"))
-        )
-        return int8_product(inputs, held, self.bias)
+        return int8_product(inputs, held_int8(self), self.bias)
 
     module.forward = types.MethodType(forward, module)  # type: ignore[method-assign] # this instance only

@@ -24,9 +24,11 @@ from ragidx.indexer.model.precision import cpu_has_bfloat16_instructions
 # What a run holds per weight. int8: a byte, an eighth for each group's float16 scale and offset,
 # and the embedding's share in 16 bits; that share is not known from a header, so all weights count
 # 1.25 bytes (measured: a random 8B GGUF peaked at 9.1 GB against 9.0 counted, a 1B at 1.9 / 1.3).
-BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.25}
+# w8a8 loads through int8 weights (then a byte, a row's scale and sum): the same count.
+BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.25, "w8a8": 1.25}
 LEANEST = "int8"  # what a run can hold a model in at the least
-COMPUTE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 4}  # int8 weights compute in float32
+# int8 weights compute in float32, and w8a8's activations are float32 between its products
+COMPUTE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 4, "w8a8": 4}
 GPU_WORKSPACES = 512 * 2**20  # cuBLAS's and attention's workspaces, the caching allocator's rounding
 CACHE_BYTES_PER_WEIGHT = 2  # a converted GGUF's weights are 16-bit
 DISK_MARGIN = 1.05  # the converted copy: 16-bit weights, plus config, tokenizer and shard headers

@@ -83,10 +83,12 @@ graph(%inputs : Tensor, %blocked : Tensor, %bias : Tensor?):
 
 
 @functools.cache
-def _traceable_product() -> Any:
+def traceable_function(name: str, ir: str) -> Any:
+    """A TorchScript function of a graph written in its IR (made once per graph): what a traced
+    forward calls for an operator the tracer cannot record directly."""
     import torch
 
-    return torch._C._create_function_from_graph("packed_linear", torch._C.parse_ir(TRACEABLE_PRODUCT_IR))
+    return torch._C._create_function_from_graph(name, torch._C.parse_ir(ir))
 
 
 def pack_linear_weights(model: nn.Module) -> int:
@@ -127,7 +129,9 @@ def pack_linear_weights(model: nn.Module) -> int:
 
         def forward(self: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
             if torch.jit.is_tracing():
-                return _traceable_product()(inputs, self.packed_weight, self.bias)
+                return traceable_function("packed_linear", TRACEABLE_PRODUCT_IR)(
+                    inputs, self.packed_weight, self.bias
+                )
             return linear(inputs, self.packed_weight, self.bias, "none", [], "")
 
         module.forward = types.MethodType(forward, module)  # type: ignore[method-assign] # this instance only

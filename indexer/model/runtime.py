@@ -21,10 +21,12 @@ from ragidx.indexer.model.embedding_card import EmbeddingCard, folder_card, gguf
 from ragidx.indexer.model.gguf import is_converted
 from ragidx.indexer.model.half_weights import can_hold_half_weights, hold_half
 from ragidx.indexer.model.held_weights import hold_linear_weights
+from ragidx.indexer.model.int8_products import can_multiply_integers, hold_integer_products
 from ragidx.indexer.model.int8_weights import hold_int8
+from ragidx.indexer.model.integer_admission import auto_integer_products
 from ragidx.indexer.model.memory import LEANEST, auto_dtype, check_fits, folder_parameters
 from ragidx.indexer.model.packed_linear import pack_linear_weights
-from ragidx.indexer.model.precision import cpu_auto_dtype, packs_float32
+from ragidx.indexer.model.precision import cpu_auto_dtype, integer_speedup, packs_float32
 from ragidx.indexer.model.quiet import quiet_transformers
 from ragidx.indexer.model.sources import ModelSource, resolve_model
 from ragidx.indexer.model.tokenizer_cache import load_tokenizer
@@ -186,9 +188,11 @@ class ModelRuntime:
         self.revision = revision
         self.folder = folder  # the local folder the weights were read from (None: the hub cache)
         self.model_file = model_file  # a GGUF model's path(s) and SHA-256, stored in the index
-        # what the weights are held in, as --dtype names it (int8: int8 weights, float32 products)
+        # what the weights are held in, as --dtype names it (int8: int8 weights, float32 products;
+        # w8a8: int8 x int8 products)
         self.precision = precision or str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.precision_reason = precision_reason  # why --dtype auto gave way to memory ("" if it did not)
+        # why --dtype auto chose as it did where speed alone did not decide ("" where it did)
+        self.precision_reason = precision_reason
         self.card = card  # how the model's own files say it is read, where it was trained as an embedder
         self.arch = architecture_view(model)
         self.layers_run = 0
@@ -334,6 +338,8 @@ def resolve_dtype(dtype: str, device: str, config: Any = None) -> str:
     noise of float32 (docs/precision.md)."""
     if dtype not in DTYPES:
         raise RagidxError(f"unknown dtype '{dtype}': choose one of {', '.join(DTYPES)}")
+    if dtype == "w8a8" and (device != "cpu" or not can_multiply_integers()):
+        raise RagidxError("--dtype w8a8 runs on an x86 CPU only (fbgemm's integer products)")
     if dtype != "auto":
         return dtype
     if device != "cpu":
@@ -353,7 +359,7 @@ def weight_holder(run_dtype: str, device: str) -> Callable[[nn.Linear], None] | 
     """How the linear layers hold their weights where they compute in float32 on leaner ones: int8
     weights anywhere (a GPU takes them where bf16 would not fit), float16 ones on a CPU with fbgemm's
     half-precision product (elsewhere, and on a GPU, float16 computes in float16)."""
-    if run_dtype == "int8":
+    if run_dtype in ("int8", "w8a8"):  # w8a8 is rounded from int8 weights once calibrated
         return hold_int8
     if run_dtype == "float16" and device == "cpu" and can_hold_half_weights():
         return hold_half
@@ -368,7 +374,8 @@ def _load_dtype(run_dtype: str, holder: Callable[[nn.Linear], None] | None, conf
     (a 1B model's float16 run peaked at 4.6 GB, not 2.9)."""
     import torch
 
-    if run_dtype == "int8" or (holder is hold_half and getattr(config, "dtype", None) == torch.bfloat16):
+    bfloat16_cache = getattr(config, "dtype", None) == torch.bfloat16
+    if run_dtype in ("int8", "w8a8") or (holder is hold_half and bfloat16_cache):
         return torch.bfloat16
     return getattr(torch, run_dtype)
 
@@ -422,11 +429,15 @@ def load_runtime(
     device: str = "auto",
     dtype: str = "auto",
     trust_remote_code: bool = False,
+    strategy: str | None = None,
 ) -> ModelRuntime:
     """Load tokenizer and base model (no LM head) by short name, GGUF file, local folder or hub id,
     in the dtype the run uses (a 16-bit cache is upcast at load for float32; for int8, loaded 16-bit
     and rounded a layer at a time), after checking that it fits (:mod:`ragidx.indexer.model.memory`:
-    ``auto`` falls back to a leaner dtype that fits rather than refusing)."""
+    ``auto`` falls back to a leaner dtype that fits rather than refusing). ``strategy`` is the one the
+    runtime embeds with ("": the model's default), which decides whether ``auto`` takes integer
+    products (:mod:`ragidx.indexer.model.integer_admission`); None (generation, several strategies):
+    float products."""
     from transformers import AutoModel
 
     source = model if isinstance(model, ModelSource) else resolve_model(model)
@@ -446,6 +457,11 @@ def load_runtime(
         if dtype == "auto":
             run_dtype, reason = auto_dtype(parameters, run_dtype, device, config)
         check_fits(model, parameters, run_dtype, device, config)
+    card = _card(source)
+    if dtype == "auto" and device == "cpu" and strategy is not None and config.model_type in DECODER_TYPES:
+        speedup = integer_speedup(*_product_shape(config))
+        named = strategy or _default_strategy(config, card)
+        run_dtype, reason = auto_integer_products(run_dtype, reason, named, speedup)
     holder = weight_holder(run_dtype, device)
     torch_dtype = _load_dtype(run_dtype, holder, config)
     try:
@@ -465,6 +481,8 @@ def load_runtime(
     network_model.eval().requires_grad_(False)
     if holder is not None:
         hold_linear_weights(network_model, holder)  # rounded or packed where the weights were read
+    if run_dtype == "w8a8":
+        hold_integer_products(network_model, tokenizer)
     network_model.to(device)
     if _packs_weights(run_dtype, device, config):
         pack_linear_weights(network_model)
@@ -480,8 +498,14 @@ def load_runtime(
         model_file,
         run_dtype,
         reason,
-        card=_card(source),
+        card=card,
     )
+
+
+def _default_strategy(config: Any, card: EmbeddingCard | None) -> str:
+    from ragidx.indexer.strategies import default_strategy  # the strategies import this module
+
+    return default_strategy(config, card)[0]
 
 
 def _card(source: ModelSource) -> EmbeddingCard | None:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from transformers import AutoModel
 
+from ragidx.indexer.model import int8_weights
 from ragidx.indexer.model.runtime import ModelRuntime
 from ragidx.indexer.strategies import REGISTRY, create_strategy
 
@@ -65,3 +66,23 @@ def assert_held_equals_reference(runtime: ModelRuntime, reference: torch.nn.Modu
     singles = np.stack([strategy.encode([text], "query")[0] for text in TEXTS])
     assert strategy.one_row.trace is not None
     np.testing.assert_allclose(singles, strategy.encode(TEXTS, "query"), atol=2e-5)
+
+
+def rounded_by_hand(weight: torch.Tensor, group: int = int8_weights.GROUP) -> torch.Tensor:
+    """A weight as the int8 path holds it, computed here: each group of a row spans its minimum
+    to maximum in 255 steps, scale and offset (the weight int8 0 stands for) in float16."""
+    out = weight.clone()
+    for row in range(weight.shape[0]):
+        for start in range(0, weight.shape[1], group):
+            values = weight[row, start : start + group]
+            step = ((values.max() - values.min()) / 255).half().float()
+            step = step if step > 0 else torch.tensor(1.0)
+            zero = (values.min() + 128 * step).half().float()
+            out[row, start : start + group] = ((values - zero) / step).round().clamp(-128, 127) * step + zero
+    return out
+
+
+def fake_int8_model(folder, kind=AutoModel) -> torch.nn.Module:
+    """The folder's model in float32 with every weight rounded as the int8 path rounds it: to the
+    16-bit type it loads in, then each linear layer's rows to int8 (an independent computation)."""
+    return rounded_model(folder, torch.bfloat16, rounded_by_hand, kind)

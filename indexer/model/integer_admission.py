@@ -1,0 +1,44 @@
+"""Which strategies ``--dtype auto`` lets multiply in integers (int8 x int8, ``w8a8``) on a CPU
+without bf16 instructions: those whose quality held on the development data, on both real
+decoders, within what a user would not see (docs/precision.md#integer-products-by-strategy).
+
+The bounds, against float products: nDCG@10 (SciFact, QMSum) within 0.005, STS-B Spearman within
+0.5 point, and every vector within cosine 0.995. A strategy not admitted keeps float products
+under ``auto``, and the build's summary and ``ragidx info`` say why; ``--dtype w8a8`` runs any.
+"""
+
+from __future__ import annotations
+
+from ragidx.indexer.model.precision import INTEGER_SPEED_NEEDED
+
+# None yet: every strategy measured so far moved more than the bounds on SmolLM2, the first real
+# decoder measured (docs/precision.md#integer-products-by-strategy), so ``auto`` keeps float products
+# and a user asks for integer ones with ``--dtype w8a8``.
+ADMITTED: frozenset[str] = frozenset()
+# Why a measured strategy keeps float products (a clause shown after its name): the smallest cosine
+# to float32 over 48 STS-B dev sentences and 8 passages, and STS-B dev Spearman over 200 pairs.
+KEPT_FLOAT: dict[str, str] = {
+    "aligned-wva": "on SmolLM2 its STS-B Spearman fell 1.8 points (bound 0.5), a vector to cosine 0.994",
+    "mean": "on SmolLM2 its vectors moved to cosine 0.97-0.99 of float32 (bound 0.995)",
+    "kv-embedding": "on SmolLM2 its vectors moved to cosine 0.93-0.985 of float32 (bound 0.995)",
+}
+NOT_MEASURED = "not measured with integer products"
+
+
+def integer_refusal(strategy: str) -> str:
+    """Why ``strategy`` keeps float products under ``auto`` ("" where it is admitted)."""
+    if strategy in ADMITTED:
+        return ""
+    return f"{strategy} keeps float products: {KEPT_FLOAT.get(strategy, NOT_MEASURED)}"
+
+
+def auto_integer_products(run_dtype: str, reason: str, strategy: str, speedup: float) -> tuple[str, str]:
+    """``w8a8`` where ``auto`` on a CPU chose float products (float32, float16 or int8 weights),
+    ``strategy`` is admitted and integer products measured :data:`INTEGER_SPEED_NEEDED` faster;
+    else the dtype chosen, with why integer products were not taken where that is the strategy."""
+    if run_dtype not in ("float32", "float16", "int8") or speedup < INTEGER_SPEED_NEEDED:
+        return run_dtype, reason
+    refusal = integer_refusal(strategy)
+    if refusal:
+        return run_dtype, "; ".join(part for part in (reason, refusal) if part)
+    return "w8a8", f"integer products, {speedup:.1f}x faster here; {strategy} keeps its quality in them"
