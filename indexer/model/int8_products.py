@@ -13,7 +13,7 @@ error into a random layer's output (exact to 5e-8 with 7 bits; ``tests/test_int8
 The activations' outlier channels, which would take a token's whole scale, are moved into the
 weights first (SmoothQuant: input ``j`` divided by ``m_j = a_j^alpha / w_j^(1-alpha)``, its column of
 weights multiplied by it, ``a_j`` its largest value seen on fixed calibration texts and ``w_j`` its
-column's largest weight). docs/precision.md measures what each strategy's vectors keep.
+column's largest weight). docs/integer-products.md measures what each strategy's vectors keep.
 """
 
 from __future__ import annotations

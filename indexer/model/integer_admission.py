@@ -1,6 +1,6 @@
 """Which strategies ``--dtype auto`` lets multiply in integers (int8 x int8, ``w8a8``) on a CPU
 without bf16 instructions: those whose quality held on the development data, on both real
-decoders, within what a user would not see (docs/precision.md#integer-products-by-strategy).
+decoders, within what a user would not see (docs/integer-products.md#integer-products-by-strategy).
 
 The bounds, against float products: nDCG@10 (SciFact, QMSum) within 0.005, STS-B Spearman within
 0.5 point, and every vector within cosine 0.995. A strategy not admitted keeps float products
@@ -12,7 +12,7 @@ from __future__ import annotations
 from ragidx.indexer.model.precision import INTEGER_SPEED_NEEDED
 
 # None yet: every strategy measured so far moved more than the bounds on SmolLM2, the first real
-# decoder measured (docs/precision.md#integer-products-by-strategy), so ``auto`` keeps float products
+# decoder measured (docs/integer-products.md#integer-products-by-strategy), so ``auto`` keeps float products
 # and a user asks for integer ones with ``--dtype w8a8``.
 ADMITTED: frozenset[str] = frozenset()
 # Why a measured strategy keeps float products (a clause shown after its name): STS-B dev Spearman

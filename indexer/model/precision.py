@@ -48,7 +48,7 @@ HALF_SPEED_NEEDED = 0.9
 # query's: they round every activation, so a gain within noise is not worth it. Their per-row
 # rounding costs a few passes over each product's inputs and outputs, which a narrow model's short
 # products do not earn back (SmolLM2's 576 -> 1536: 1.3x at 512 rows, 0.8x at 12; a 1B model's
-# 2048 -> 8192: 1.5x and 1.6x; docs/precision.md).
+# 2048 -> 8192: 1.5x and 1.6x; docs/integer-products.md).
 INTEGER_SPEED_NEEDED = 1.2
 # Below this width a product is so small (64 -> 128: ~2 MFLOP) that both dtypes run at the same
 # per-call overhead (measured 0.98-1.01x here), so the probe would time noise: float32, unprobed.
