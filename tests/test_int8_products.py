@@ -144,9 +144,9 @@ def test_auto_takes_integer_products_only_for_strategies_admitted_and_says_why(
     tiny_models, sample_corpus, tmp_path, monkeypatch
 ):
     """On a CPU where integer products measured faster, ``auto`` runs them for an admitted strategy
-    (named, or the model's default), keeps float products for one that is not and says why in the
-    runtime, the build's summary and ``info``; a runtime that embeds with no one strategy keeps
-    float products; a query embeds in the index's dtype."""
+    named (a model's default is not known before it loads), keeps float products for one that is
+    not and says why in the runtime, the build's summary and ``info``; a runtime that embeds with no
+    one strategy keeps float products; a query embeds in the index's dtype."""
     from ragidx.indexer.model import integer_admission, runtime
 
     monkeypatch.setattr(runtime, "integer_speedup", lambda hidden, intermediate: 2.0)
@@ -157,7 +157,7 @@ def test_auto_takes_integer_products_only_for_strategies_admitted_and_says_why(
     assert admitted.precision == "w8a8"
     said = "integer products, 2.0x faster here; aligned-wva keeps its quality in them"
     assert admitted.precision_reason == said
-    assert load_runtime(folder, device="cpu", dtype="auto", strategy="").precision == "w8a8"  # its default
+    assert load_runtime(folder, device="cpu", dtype="auto", strategy="").precision == "float32"  # not known
     kept = load_runtime(folder, device="cpu", dtype="auto", strategy="kv-embedding")
     reason = "kv-embedding keeps float products: measured too far from float32"
     assert (kept.precision, kept.precision_reason) == ("float32", reason)

@@ -328,7 +328,7 @@ def _model(
     stored = survey.stored
     if stored and source.model_id == stored.model:
         check_same_file(source, stored.model_file)
-    strategy = survey.resolution.strategy_asked or ""  # "": the model's default
+    strategy = survey.resolution.strategy_asked or ""  # "": the default, unknown yet
     arguments = (source, options.device, survey.resolution.dtype, options.trust_remote_code, strategy)
     runtime = loaded.get(arguments) if loaded is not None else None
     if runtime is None:

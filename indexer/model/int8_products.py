@@ -18,12 +18,16 @@ column's largest weight). docs/integer-products.md measures what each strategy's
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import types
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ragidx.indexer.model.calibration_texts import CALIBRATION_TEXTS
+from ragidx.indexer.model.int8_weights import float_weight, held_int8
 from ragidx.indexer.model.packed_linear import count_linear_flops, traceable_function
 
 if TYPE_CHECKING:
@@ -151,8 +155,6 @@ def largest_inputs(model: nn.Module, tokenizer: Any) -> dict[nn.Linear, torch.Te
     (read as one joined text, SmolLM2's `aligned-wva` lost 5.1 STS-B points, against 1.75)."""
     import torch
 
-    from ragidx.indexer.model.calibration_texts import CALIBRATION_TEXTS
-
     largest: dict[nn.Linear, torch.Tensor] = {}
 
     def record(module: nn.Linear, arguments: tuple[torch.Tensor, ...]) -> None:
@@ -180,8 +182,6 @@ def hold_integer_products(model: nn.Module, tokenizer: Any) -> None:
     (:func:`~ragidx.indexer.model.int8_weights.hold_int8`: the GGUF's blocks almost exactly, at 1.25
     bytes a weight), into integer products, migrated by the largest inputs each saw on the
     calibration texts; a layer at a time, so a float32 copy of one layer is all that is added."""
-    from ragidx.indexer.model.int8_weights import float_weight, held_int8
-
     largest = largest_inputs(model, tokenizer)
     for module, seen in largest.items():
         give_back_freed_memory()  # the calibration's activations, then each layer's int8 weights
@@ -193,9 +193,6 @@ def give_back_freed_memory() -> None:
     """Return the C library's freed heap to the OS (glibc's ``malloc_trim``; elsewhere nothing).
     Converting a 1B model, the freed int8 weights stayed in the process beside the packed ones
     that replaced them (peak 2.8 GB, 1.5 GB once trimmed at the end)."""
-    import ctypes
-    import ctypes.util
-
     library = ctypes.util.find_library("c")
     trim = getattr(ctypes.CDLL(library), "malloc_trim", None) if library else None
     if trim is not None:

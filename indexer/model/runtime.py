@@ -435,9 +435,9 @@ def load_runtime(
     in the dtype the run uses (a 16-bit cache is upcast at load for float32; for int8, loaded 16-bit
     and rounded a layer at a time), after checking that it fits (:mod:`ragidx.indexer.model.memory`:
     ``auto`` falls back to a leaner dtype that fits rather than refusing). ``strategy`` is the one the
-    runtime embeds with ("": the model's default), which decides whether ``auto`` takes integer
-    products (:mod:`ragidx.indexer.model.integer_admission`); None (generation, several strategies):
-    float products."""
+    runtime embeds with, which decides whether ``auto`` takes integer products
+    (:mod:`ragidx.indexer.model.integer_admission`); None or "" (generation, several strategies, or
+    the model's default, not known before it loads): float products."""
     from transformers import AutoModel
 
     source = model if isinstance(model, ModelSource) else resolve_model(model)
@@ -458,10 +458,9 @@ def load_runtime(
             run_dtype, reason = auto_dtype(parameters, run_dtype, device, config)
         check_fits(model, parameters, run_dtype, device, config)
     card = _card(source)
-    if dtype == "auto" and device == "cpu" and strategy is not None and config.model_type in DECODER_TYPES:
+    if dtype == "auto" and device == "cpu" and strategy and config.model_type in DECODER_TYPES:
         speedup = integer_speedup(*_product_shape(config))
-        named = strategy or _default_strategy(config, card)
-        run_dtype, reason = auto_integer_products(run_dtype, reason, named, speedup)
+        run_dtype, reason = auto_integer_products(run_dtype, reason, strategy, speedup)
     holder = weight_holder(run_dtype, device)
     torch_dtype = _load_dtype(run_dtype, holder, config)
     try:
@@ -500,12 +499,6 @@ def load_runtime(
         reason,
         card=card,
     )
-
-
-def _default_strategy(config: Any, card: EmbeddingCard | None) -> str:
-    from ragidx.indexer.strategies import default_strategy  # the strategies import this module
-
-    return default_strategy(config, card)[0]
 
 
 def _card(source: ModelSource) -> EmbeddingCard | None:
