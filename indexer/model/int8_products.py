@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ragidx.indexer.model.calibration_texts import CALIBRATION_TEXTS
+from ragidx.indexer.model.half_weights import can_hold_half_weights
 from ragidx.indexer.model.int8_weights import float_weight, held_int8
 from ragidx.indexer.model.packed_linear import count_linear_flops, traceable_function
 
@@ -57,12 +58,9 @@ def _product() -> Any:
     return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
 
 
-@functools.cache
 def can_multiply_integers() -> bool:
-    """Whether this torch has fbgemm's int8 product (x86 builds do)."""
-    import torch
-
-    return "fbgemm" in torch.backends.quantized.supported_engines
+    """Whether this torch has fbgemm's int8 product: where it has fbgemm's float16-weight one."""
+    return can_hold_half_weights()
 
 
 @dataclass(frozen=True)

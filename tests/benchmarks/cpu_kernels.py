@@ -7,8 +7,8 @@ Usage: python -m tests.benchmarks.cpu_kernels [--shapes 576x1536,2048x8192,8192x
 Per shape (inputs x outputs) and row count, the best time of: float32 (torch's product), float32
 packed for oneDNN (what a loaded model runs where that is faster), int8 weights upcast a tile at a
 time (``--dtype int8``), float16 weights in fbgemm's product (``--dtype float16`` on a CPU), and
-fbgemm's int8 x int8 product with per-token activation and per-row weight scales (W8A8, not
-offered: docs/precision.md says why). Each runs on enough copies of the layer to fill 64 MB, one
+int8 x int8 products (``--dtype w8a8``: 7-bit activations rounded per row, per-row int8 weights;
+docs/integer-products.md). Each runs on enough copies of the layer to fill 64 MB, one
 after another, so weights come from memory as a model's do, not from cache. Relative error is to
 float32. Hold the kernels to AVX2 as a laptop without AVX-512 would run them with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from ragidx.indexer.model.half_weights import hold_half
+from ragidx.indexer.model.int8_products import hold_integer
 from ragidx.indexer.model.int8_weights import hold_int8
 from ragidx.indexer.model.packed_linear import can_pack_linear_weights, pack_linear_weights
 
@@ -42,28 +43,11 @@ def best_seconds(step: Callable[[], object], seconds: float) -> float:
     return best
 
 
-def per_token_int8(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """W8A8 through fbgemm: per-row int8 weights; each token's row divided by its own scale before
-    fbgemm's per-tensor quantisation (scale 1), and the product's rows multiplied back."""
-    scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127
-    zeros = torch.zeros(weight.shape[0], dtype=torch.long)
-    quantized = torch.quantize_per_channel(weight, scales.double(), zeros, 0, torch.qint8)
-    packed = torch.ops.quantized.linear_prepack(quantized, None)
-
-    def product(inputs: torch.Tensor) -> torch.Tensor:
-        token_scales = inputs.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
-        scaled = inputs / token_scales
-        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(scaled, 1.0, 128, packed)
-        return out.mul_(token_scales)
-
-    return product
-
-
 def products(inputs: int, outputs: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """Each way of multiplying by one random layer's weight (``float32`` first: the reference)."""
     weight = torch.randn(outputs, inputs) * 0.02
     layers: dict[str, torch.nn.Linear] = {}
-    for name in ("float32", "packed float32", "int8 weights", "float16 weights"):
+    for name in ("float32", "packed float32", "int8 weights", "float16 weights", "int8 x int8 (w8a8)"):
         layer = torch.nn.Linear(inputs, outputs, bias=False).requires_grad_(False)
         layer.weight.copy_(weight)
         layers[name] = layer
@@ -73,7 +57,8 @@ def products(inputs: int, outputs: int) -> dict[str, Callable[[torch.Tensor], to
         del layers["packed float32"]
     hold_int8(layers["int8 weights"])
     hold_half(layers["float16 weights"])
-    return {**layers, "int8 x int8 (W8A8)": per_token_int8(weight)}
+    hold_integer(layers["int8 x int8 (w8a8)"], weight, None)
+    return layers
 
 
 def main() -> None:
