@@ -51,7 +51,7 @@ graph(%inputs : Tensor, %zero : int, %packed : __torch__.torch.classes.quantized
 
 
 @functools.cache
-def _product() -> Any:
+def integer_kernel() -> Any:
     """fbgemm's int8 product, float32 in and out (torch is imported where first needed)."""
     import torch
 
@@ -105,20 +105,28 @@ def integer_weight(weight: torch.Tensor, largest_inputs: torch.Tensor | None = N
     return IntegerWeight(packed, None if divisors is None else 1.0 / divisors, row_sums)
 
 
+def rows_on_levels(inputs: torch.Tensor, weight: IntegerWeight) -> tuple[torch.Tensor, ...]:
+    """``inputs`` (divided by ``weight``'s migration divisors) with each row moved and scaled onto
+    0..127 (a new tensor, not yet rounded: the kernel rounds), and each row's lowest value and step."""
+    import torch
+
+    scaled = inputs * weight.input_divisors if weight.input_divisors is not None else inputs.clone()
+    lowest, highest = torch.aminmax(scaled, dim=-1, keepdim=True)
+    step = (highest - lowest).clamp_min(1e-12) / ACTIVATION_LEVELS
+    return scaled.sub_(lowest).div_(step), lowest, step
+
+
 def integer_product(inputs: torch.Tensor, weight: IntegerWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """``inputs @ weight.T + bias`` with each row of ``inputs`` rounded to 7 bits between its own
     lowest and highest value: ``x = lowest + step * q``, so the product is ``step * (q @ W.T) +
     lowest * row_sums``, the first term exact in integers."""
     import torch
 
-    scaled = inputs * weight.input_divisors if weight.input_divisors is not None else inputs.clone()
-    lowest, highest = torch.aminmax(scaled, dim=-1, keepdim=True)
-    step = (highest - lowest).clamp_min(1e-12) / ACTIVATION_LEVELS
-    scaled.sub_(lowest).div_(step)
+    scaled, lowest, step = rows_on_levels(inputs, weight)
     if torch.jit.is_tracing():
         result = traceable_function("integer_linear", TRACEABLE_PRODUCT_IR)(scaled, 0, weight.packed)
     else:
-        result = _product()(scaled, 1.0, 0, weight.packed)
+        result = integer_kernel()(scaled, 1.0, 0, weight.packed)
     result.mul_(step).addcmul_(lowest, weight.row_sums)
     return result if bias is None else result.add_(bias)
 
@@ -127,7 +135,7 @@ def hold_integer(module: nn.Linear, weight: torch.Tensor, largest_inputs: torch.
     """Give ``module`` the int8 form of ``weight`` (fbgemm's packed object as attribute
     ``integer_weight``, which a trace finds there; buffers ``input_divisors`` and ``row_sums``;
     ``weight`` and any other held form are dropped) and :func:`integer_product` as its forward."""
-    count_linear_flops(_product())  # for `ragidx bench`'s FLOP/s
+    count_linear_flops(integer_kernel())  # for `ragidx bench`'s FLOP/s
     held = integer_weight(weight, largest_inputs)
     for name in ("int8_weight", "weight_scales", "weight_offsets"):
         module._buffers.pop(name, None)
