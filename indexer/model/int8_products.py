@@ -23,6 +23,7 @@ import ctypes.util
 import functools
 import types
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -131,10 +132,16 @@ def integer_product(inputs: torch.Tensor, weight: IntegerWeight, bias: torch.Ten
     return result if bias is None else result.add_(bias)
 
 
-def hold_integer(module: nn.Linear, weight: torch.Tensor, largest_inputs: torch.Tensor | None) -> None:
+def hold_integer(
+    module: nn.Linear,
+    weight: torch.Tensor,
+    largest_inputs: torch.Tensor | None,
+    product: Callable[..., torch.Tensor] = integer_product,
+) -> None:
     """Give ``module`` the int8 form of ``weight`` (fbgemm's packed object as attribute
     ``integer_weight``, which a trace finds there; buffers ``input_divisors`` and ``row_sums``;
-    ``weight`` and any other held form are dropped) and :func:`integer_product` as its forward."""
+    ``weight`` and any other held form are dropped) and ``product`` (:func:`integer_product`;
+    a benchmark passes another rounding of the activations) as its forward."""
     count_linear_flops(integer_kernel())  # for `ragidx bench`'s FLOP/s
     held = integer_weight(weight, largest_inputs)
     for name in ("int8_weight", "weight_scales", "weight_offsets"):
@@ -149,7 +156,7 @@ def hold_integer(module: nn.Linear, weight: torch.Tensor, largest_inputs: torch.
     def forward(self: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
         buffers = self._buffers  # input_divisors is None where nothing was migrated
         held = IntegerWeight(self.integer_weight, buffers["input_divisors"], self.get_buffer("row_sums"))
-        return integer_product(inputs, held, self.bias)
+        return product(inputs, held, self.bias)
 
     module.forward = types.MethodType(forward, module)  # type: ignore[method-assign] # this instance only
 

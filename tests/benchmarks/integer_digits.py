@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import types
 from pathlib import Path
 
 import numpy as np
@@ -67,15 +66,7 @@ def integer_model(model: str, migrate: bool) -> ModelRuntime:
     linears = [module for module in runtime.model.modules() if isinstance(module, torch.nn.Linear)]
     largest = largest_inputs(runtime.model, runtime.tokenizer) if migrate else {}
     for module in linears:
-        hold_integer(module, float_weight(held_int8(module)), largest.get(module))
-
-        def forward(self: torch.nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
-            held = IntegerWeight(
-                self.integer_weight, self._buffers["input_divisors"], self.get_buffer("row_sums")
-            )
-            return two_digit_product(inputs, held, self.bias)
-
-        module.forward = types.MethodType(forward, module)
+        hold_integer(module, float_weight(held_int8(module)), largest.get(module), two_digit_product)
     return runtime
 
 
