@@ -36,24 +36,33 @@ def random_embedding_gguf(folder: Path, add_eos: bool | None) -> Path:
     return path
 
 
-def transformers_last_token(path: Path, texts: list[str], prefix: str, append: list[int]) -> np.ndarray:
-    """Unit vectors at each text's last token, by transformers' own GGUF loading, its weights
-    rounded to bf16 as ragidx's converted copy holds them; ``append``: ids added after the text's."""
+def transformers_last_token(
+    path: Path, texts: list[str], prefixes: tuple[str, ...], append: list[int]
+) -> list[np.ndarray]:
+    """Per prefix, unit vectors at each prefixed text's last token, by transformers' own GGUF
+    loading (the file parsed once, as ragidx's conversion parses it), its weights rounded to bf16 as
+    ragidx's converted copy holds them; ``append``: ids added after the text's."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    rows = []
+    from ragidx.indexer.model.gguf import parsed_once
+
+    with parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    vectors = []
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.copy_(parameter.to(torch.bfloat16).float())
-        for text in texts:
-            ids = [*tokenizer(prefix + text)["input_ids"], *append]
-            assert ids[-1] == tokenizer.eos_token_id
-            state = model(torch.tensor([ids])).last_hidden_state[0, -1]
-            rows.append((state / state.norm()).numpy())
-    return np.stack(rows)
+        for prefix in prefixes:
+            rows = []
+            for text in texts:
+                ids = [*tokenizer(prefix + text)["input_ids"], *append]
+                assert ids[-1] == tokenizer.eos_token_id
+                state = model(torch.tensor([ids])).last_hidden_state[0, -1]
+                rows.append((state / state.norm()).numpy())
+            vectors.append(np.stack(rows))
+    return vectors
 
 
 @pytest.mark.parametrize("add_eos", [True, None], ids=["file-appends-eos", "older-file-without-it"])
@@ -72,8 +81,9 @@ def test_a_qwen3_embedding_gguf_is_read_at_its_end_token_with_the_query_instruct
     assert strategy.query_template == LAST_TOKEN_INSTRUCTION + "{text}" + end
     assert strategy.document_template == "{text}" + end
     appended = [] if add_eos else [strategy.runtime.tokenizer.eos_token_id]
-    expected_queries = transformers_last_token(path, TEXTS, LAST_TOKEN_INSTRUCTION, appended)
-    expected_documents = transformers_last_token(path, TEXTS, "", appended)
+    expected_queries, expected_documents = transformers_last_token(
+        path, TEXTS, (LAST_TOKEN_INSTRUCTION, ""), appended
+    )
     np.testing.assert_allclose(embedder.embed(TEXTS, "query"), expected_queries, atol=2e-6)
     np.testing.assert_allclose(embedder.embed(TEXTS, "document"), expected_documents, atol=2e-6)
 

@@ -348,7 +348,7 @@ def single_file(gguf: GgufFile, scratch: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def _parsed_once() -> Iterator[None]:
+def parsed_once() -> Iterator[None]:
     """transformers reads the GGUF file's metadata for the config and again for the tokenizer,
     each time parsing every field anew (for Gemma 3's 262k-token vocabulary, seconds); one reader
     per file serves both and the tensors (it is only ever read)."""
@@ -380,7 +380,7 @@ def _convert(gguf: GgufFile, target: Path) -> None:
 
     quiet_transformers()
     started = time.perf_counter()
-    with single_file(gguf, target) as path, _parsed_once():
+    with single_file(gguf, target) as path, parsed_once():
         try:
             parsed = load_gguf_checkpoint(str(path))
             config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)

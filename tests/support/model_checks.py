@@ -69,10 +69,10 @@ def assert_cache_equals_transformers(source: ModelSource, scratch: Path) -> None
     from safetensors import safe_open
     from transformers import AutoModel
 
-    from ragidx.indexer.model.gguf import single_file
+    from ragidx.indexer.model.gguf import parsed_once, single_file
 
     folder = Path(source.loadable())
-    with single_file(source.gguf, scratch) as path:
+    with single_file(source.gguf, scratch) as path, parsed_once():
         direct = AutoModel.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     expected = direct.state_dict()
     got = {}
