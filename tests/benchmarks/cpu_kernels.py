@@ -6,9 +6,10 @@ Usage: python -m tests.benchmarks.cpu_kernels [--shapes 576x1536,2048x8192,8192x
 
 Per shape (inputs x outputs) and row count, the best time of: float32 (torch's product), float32
 packed for oneDNN (what a loaded model runs where that is faster), int8 weights upcast a tile at a
-time (``--dtype int8``), float16 weights in fbgemm's product (``--dtype float16`` on a CPU), and
+time (``--dtype int8``), float16 weights in fbgemm's product (``--dtype float16`` on a CPU),
 int8 x int8 products (``--dtype w8a8``: 7-bit activations rounded per row, per-row int8 weights;
-docs/integer-products.md). Each runs on enough copies of the layer to fill 64 MB, one
+docs/integer-products.md), and the same with two 7-bit digits per activation (a candidate, not a
+dtype: tests.benchmarks.integer_digits). Each runs on enough copies of the layer to fill 64 MB, one
 after another, so weights come from memory as a model's do, not from cache. Relative error is to
 float32. Hold the kernels to AVX2 as a laptop without AVX-512 would run them with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
@@ -28,6 +29,7 @@ from ragidx.indexer.model.half_weights import hold_half
 from ragidx.indexer.model.int8_products import hold_integer
 from ragidx.indexer.model.int8_weights import hold_int8
 from ragidx.indexer.model.packed_linear import can_pack_linear_weights, pack_linear_weights
+from tests.benchmarks.integer_digits import two_digit_product
 
 CACHE_DEFEATING_BYTES = 64 * 2**20
 
@@ -47,7 +49,15 @@ def products(inputs: int, outputs: int) -> dict[str, Callable[[torch.Tensor], to
     """Each way of multiplying by one random layer's weight (``float32`` first: the reference)."""
     weight = torch.randn(outputs, inputs) * 0.02
     layers: dict[str, torch.nn.Linear] = {}
-    for name in ("float32", "packed float32", "int8 weights", "float16 weights", "int8 x int8 (w8a8)"):
+    kinds = (
+        "float32",
+        "packed float32",
+        "int8 weights",
+        "float16 weights",
+        "int8 x int8 (w8a8)",
+        "two 7-bit digits",
+    )
+    for name in kinds:
         layer = torch.nn.Linear(inputs, outputs, bias=False).requires_grad_(False)
         layer.weight.copy_(weight)
         layers[name] = layer
@@ -58,6 +68,7 @@ def products(inputs: int, outputs: int) -> dict[str, Callable[[torch.Tensor], to
     hold_int8(layers["int8 weights"])
     hold_half(layers["float16 weights"])
     hold_integer(layers["int8 x int8 (w8a8)"], weight, None)
+    hold_integer(layers["two 7-bit digits"], weight, None, two_digit_product)
     return layers
 
 
