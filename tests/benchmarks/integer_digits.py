@@ -1,20 +1,26 @@
-"""A candidate for integer products that keep quality: each activation row rounded to two 7-bit
-digits (14 bits) instead of one, multiplied in one fbgemm call over twice the rows, with or
-without SmoothQuant's migration. Measures what it would keep on a real decoder
-(docs/integer-products.md#two-7-bit-digits; ``--dtype w8a8`` runs one digit). What it costs per
-layer: ``python -m tests.benchmarks.cpu_kernels`` times it beside the other products.
+"""Candidates for integer products that keep quality: activation rows rounded to two 7-bit digits
+(14 bits) instead of one, multiplied in one fbgemm call over twice the rows, in every layer (with
+or without SmoothQuant's migration) or only in the MLP's down-projections, whose inputs (after the
+gated activation) are the widest, the other layers one migrated digit as ``--dtype w8a8`` runs them.
+Measures what each keeps on a real decoder (docs/integer-products.md#two-7-bit-digits) and, with
+``--speed``, what a build costs in it; ``python -m tests.benchmarks.cpu_kernels`` times one layer.
 
 Usage: python -m tests.benchmarks.integer_digits [--model smollm2] [--strategies aligned-wva,prompteol]
-       [--sts ../shared/eval/stsb/sts-dev.csv] [--max-pairs N]
+       [--variants all-migrated,all,down] [--sts ../shared/eval/stsb/sts-dev.csv] [--max-pairs N]
+       python -m tests.benchmarks.integer_digits --speed [--model smollm2|FILE.gguf] [--variants down]
 
-Quality: float32 against two digits of the same int8 weights, migrated and not (one migrated
-digit is ``--dtype w8a8``, measured by tests.benchmarks.integer_admission), over every sentence of
-the STS-B dev pairs and 8 passages, printed as the integer_admission benchmark prints them.
+Quality: float32 against each variant of the same int8 weights (one migrated digit everywhere is
+``--dtype w8a8``, measured by tests.benchmarks.integer_admission), over every sentence of the STS-B
+dev pairs and 8 passages, printed as the integer_admission benchmark prints them. ``--speed``: the
+best of 3 builds of 8 passages of 200 words (``mean``), float16 weights (what ``auto`` holds on a
+CPU without bf16), ``--dtype w8a8`` and each variant alternating in one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +42,8 @@ from ragidx.indexer.strategies import create_strategy
 from tests.benchmarks.integer_admission import pair_cosines, spearman_difference_spread
 from tests.benchmarks.llama_cpp_anchor import passages
 
+SPEED_ROUNDS = 3
+
 
 def two_digit_product(inputs: torch.Tensor, weight: IntegerWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """:func:`integer_product` with each row's remainder after its first 7-bit digit rounded again:
@@ -51,32 +59,58 @@ def two_digit_product(inputs: torch.Tensor, weight: IntegerWeight, bias: torch.T
     return result if bias is None else result.add_(bias)
 
 
-def integer_model(model: str, migrate: bool) -> ModelRuntime:
-    """``model`` in int8 weights turned into integer products as ``--dtype w8a8`` turns them,
-    migrated or not, each multiplying two digits."""
+@dataclass(frozen=True)
+class Variant:
+    """Which layers multiply two digits (by name; every layer where ``two_digit_layers`` is empty)
+    and whether one-digit layers are migrated; two-digit layers are not where only some are."""
+
+    description: str
+    two_digit_layers: str
+    migrate: bool
+
+
+VARIANTS = {
+    "all-migrated": Variant("two digits, migrated", "", True),
+    "all": Variant("two digits, not migrated", "", False),
+    "down": Variant("two digits in down_proj, one migrated elsewhere", "down_proj", True),
+}
+
+
+def integer_model(model: str, variant: Variant) -> ModelRuntime:
+    """``model`` in int8 weights turned into integer products as ``--dtype w8a8`` turns them, with
+    two digits where ``variant`` says."""
     runtime = load_runtime(model, "cpu", "int8")
-    linears = [module for module in runtime.model.modules() if isinstance(module, torch.nn.Linear)]
-    largest = largest_inputs(runtime.model, runtime.tokenizer) if migrate else {}
-    for module in linears:
-        hold_integer(module, float_weight(held_int8(module)), largest.get(module), two_digit_product)
+    largest = largest_inputs(runtime.model, runtime.tokenizer) if variant.migrate else {}
+    for name, module in runtime.model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        weight = float_weight(held_int8(module))
+        if variant.two_digit_layers and variant.two_digit_layers not in name:
+            hold_integer(module, weight, largest.get(module))
+        else:
+            migrated = largest.get(module) if not variant.two_digit_layers else None
+            hold_integer(module, weight, migrated, two_digit_product)
     return runtime
 
 
+def chosen_variants(arguments: argparse.Namespace) -> dict[str, Variant]:
+    return {key: VARIANTS[key] for key in arguments.variants.split(",")}
+
+
 def quality(arguments: argparse.Namespace) -> None:
-    """Float32 against two digits of the same int8 weights, migrated and not."""
+    """Float32 against each variant of the same int8 weights."""
     pairs = load_sts(arguments.sts, arguments.max_pairs)
     count, gold = len(pairs.gold), np.array(pairs.gold)
     texts = list(pairs.first) + list(pairs.second) + passages(8, 200)
     reference = load_runtime(arguments.model, "cpu", "float32")
-    variants = {"two digits, migrated": True, "two digits, not migrated": False}
     names = arguments.strategies.split(",")
     expected = {name: create_strategy(name, reference).encode(texts, "document") for name in names}
     print(
         f"{arguments.model}, {count} pairs: strategy, variant, smallest cosine, mean cosine, "
         "STS-B float32, integer"
     )
-    for variant, migrate in variants.items():
-        runtime = integer_model(arguments.model, migrate)
+    for variant in chosen_variants(arguments).values():
+        runtime = integer_model(arguments.model, variant)
         for name in names:
             vectors = create_strategy(name, runtime).encode(texts, "document")
             cosines = np.sum(vectors * expected[name], axis=1)
@@ -84,10 +118,34 @@ def quality(arguments: argparse.Namespace) -> None:
             scores = [100.0 * spearman(each.tolist(), pairs.gold) for each in similarities]
             spread = spearman_difference_spread(*similarities, gold)
             print(
-                f"{name}, {variant}, {cosines.min():.4f}, {cosines.mean():.5f}, {scores[0]:.2f}, "
-                f"{scores[1]:.2f}, {scores[1] - scores[0]:+.2f} (spread {spread:.2f})",
+                f"{name}, {variant.description}, {cosines.min():.4f}, {cosines.mean():.5f}, "
+                f"{scores[0]:.2f}, {scores[1]:.2f}, {scores[1] - scores[0]:+.2f} (spread {spread:.2f})",
                 flush=True,
             )
+
+
+def speed(arguments: argparse.Namespace) -> None:
+    """Best build time of float16 weights, of one digit everywhere (w8a8) and of each variant,
+    alternating."""
+    texts = passages(8, 200)
+    strategies = {
+        dtype: create_strategy("mean", load_runtime(arguments.model, "cpu", dtype))
+        for dtype in ("float16", "w8a8")
+    }
+    for variant in chosen_variants(arguments).values():
+        strategies[variant.description] = create_strategy("mean", integer_model(arguments.model, variant))
+    best = dict.fromkeys(strategies, float("inf"))
+    for _ in range(SPEED_ROUNDS):
+        for description, strategy in strategies.items():
+            started = time.perf_counter()
+            strategy.encode(texts, "document")
+            best[description] = min(best[description], time.perf_counter() - started)
+    print(
+        f"{arguments.model}, 8 passages of 200 words, best of {SPEED_ROUNDS}, "
+        f"{torch.get_num_threads()} threads:"
+    )
+    for description, seconds in best.items():
+        print(f"{description}: {seconds:.2f} s ({best['float16'] / seconds:.2f}x float16 weights)")
 
 
 def main() -> None:
@@ -96,8 +154,10 @@ def main() -> None:
     parser.add_argument("--strategies", default="aligned-wva,prompteol")
     parser.add_argument("--sts", type=Path, default=Path("../shared/eval/stsb/sts-dev.csv"))
     parser.add_argument("--max-pairs", type=int, default=None)
+    parser.add_argument("--variants", default="all-migrated,all,down")
+    parser.add_argument("--speed", action="store_true")
     arguments = parser.parse_args()
-    quality(arguments)
+    speed(arguments) if arguments.speed else quality(arguments)
 
 
 if __name__ == "__main__":
