@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ragidx.app.research.evaluation import load_sts
+from ragidx.app.research.evaluation import SimilarityPairs, load_sts
 from ragidx.app.research.metrics import spearman
 from ragidx.indexer.model.runtime import load_runtime
 from ragidx.indexer.strategies import create_strategy
@@ -31,8 +31,13 @@ from tests.support.held_weights import decoder_strategies
 RESAMPLES = 200
 
 
+def compared_texts(pairs: SimilarityPairs) -> list[str]:
+    """Every sentence of ``pairs`` (first sentences, then second ones) and 8 passages of 200 words."""
+    return list(pairs.first) + list(pairs.second) + passages(8, 200)
+
+
 def pair_cosines(vectors: np.ndarray, pairs: int) -> np.ndarray:
-    """Each pair's cosine, its first sentences' vectors first, then its second sentences'."""
+    """Each pair's cosine, from the vectors of :func:`compared_texts`."""
     return np.sum(vectors[:pairs] * vectors[pairs : 2 * pairs], axis=1)
 
 
@@ -48,6 +53,19 @@ def spearman_difference_spread(first: np.ndarray, second: np.ndarray, gold: np.n
     return float(np.std(differences))
 
 
+def comparison(expected: np.ndarray, got: np.ndarray, pairs: SimilarityPairs) -> str:
+    """Smallest and mean cosine between the two sets of vectors of :func:`compared_texts`, STS-B
+    Spearman x 100 of each, their difference and its spread."""
+    cosines = np.sum(expected * got, axis=1)
+    similarities = [pair_cosines(each, len(pairs.gold)) for each in (expected, got)]
+    scores = [100.0 * spearman(each.tolist(), pairs.gold) for each in similarities]
+    spread = spearman_difference_spread(*similarities, np.array(pairs.gold))
+    return (
+        f"{cosines.min():.4f}, {cosines.mean():.5f}, {scores[0]:.2f}, {scores[1]:.2f}, "
+        f"{scores[1] - scores[0]:+.2f} (spread {spread:.2f})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -56,27 +74,17 @@ def main() -> None:
     parser.add_argument("--max-pairs", type=int, default=None)
     arguments = parser.parse_args()
     pairs = load_sts(arguments.sts, arguments.max_pairs)
-    count, gold = len(pairs.gold), np.array(pairs.gold)
-    texts = list(pairs.first) + list(pairs.second) + passages(8, 200)
+    texts = compared_texts(pairs)
     runtimes = {dtype: load_runtime(arguments.model, "cpu", dtype) for dtype in ("float32", "w8a8")}
     print(
-        f"{arguments.model}, {count} pairs: strategy, smallest cosine, mean cosine, "
+        f"{arguments.model}, {len(pairs.gold)} pairs: strategy, smallest cosine, mean cosine, "
         "STS-B float32, w8a8, difference"
     )
     for name in arguments.strategies.split(","):
-        vectors = {
-            dtype: create_strategy(name, runtime).encode(texts, "document")
-            for dtype, runtime in runtimes.items()
-        }
-        cosines = np.sum(vectors["float32"] * vectors["w8a8"], axis=1)
-        similarities = {dtype: pair_cosines(each, count) for dtype, each in vectors.items()}
-        scores = {dtype: 100.0 * spearman(each.tolist(), pairs.gold) for dtype, each in similarities.items()}
-        spread = spearman_difference_spread(similarities["float32"], similarities["w8a8"], gold)
-        print(
-            f"{name}, {cosines.min():.4f}, {cosines.mean():.5f}, {scores['float32']:.2f}, "
-            f"{scores['w8a8']:.2f}, {scores['w8a8'] - scores['float32']:+.2f} (spread {spread:.2f})",
-            flush=True,
+        expected, got = (
+            create_strategy(name, runtime).encode(texts, "document") for runtime in runtimes.values()
         )
+        print(f"{name}, {comparison(expected, got, pairs)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ragidx.app.research.evaluation import load_sts
-from ragidx.app.research.metrics import spearman
 from ragidx.indexer.model.int8_products import (
     ACTIVATION_LEVELS,
     IntegerWeight,
@@ -39,7 +37,7 @@ from ragidx.indexer.model.int8_products import (
 from ragidx.indexer.model.int8_weights import float_weight, held_int8
 from ragidx.indexer.model.runtime import ModelRuntime, load_runtime
 from ragidx.indexer.strategies import create_strategy
-from tests.benchmarks.integer_admission import pair_cosines, spearman_difference_spread
+from tests.benchmarks.integer_admission import compared_texts, comparison
 from tests.benchmarks.llama_cpp_anchor import passages
 
 SPEED_ROUNDS = 3
@@ -94,34 +92,26 @@ def integer_model(model: str, variant: Variant) -> ModelRuntime:
 
 
 def chosen_variants(arguments: argparse.Namespace) -> dict[str, Variant]:
+    """The variants named by ``--variants``, in its order."""
     return {key: VARIANTS[key] for key in arguments.variants.split(",")}
 
 
 def quality(arguments: argparse.Namespace) -> None:
     """Float32 against each variant of the same int8 weights."""
     pairs = load_sts(arguments.sts, arguments.max_pairs)
-    count, gold = len(pairs.gold), np.array(pairs.gold)
-    texts = list(pairs.first) + list(pairs.second) + passages(8, 200)
+    texts = compared_texts(pairs)
     reference = load_runtime(arguments.model, "cpu", "float32")
     names = arguments.strategies.split(",")
     expected = {name: create_strategy(name, reference).encode(texts, "document") for name in names}
     print(
-        f"{arguments.model}, {count} pairs: strategy, variant, smallest cosine, mean cosine, "
-        "STS-B float32, integer"
+        f"{arguments.model}, {len(pairs.gold)} pairs: strategy, variant, smallest cosine, mean cosine, "
+        "STS-B float32, integer, difference"
     )
     for variant in chosen_variants(arguments).values():
         runtime = integer_model(arguments.model, variant)
         for name in names:
             vectors = create_strategy(name, runtime).encode(texts, "document")
-            cosines = np.sum(vectors * expected[name], axis=1)
-            similarities = [pair_cosines(each, count) for each in (expected[name], vectors)]
-            scores = [100.0 * spearman(each.tolist(), pairs.gold) for each in similarities]
-            spread = spearman_difference_spread(*similarities, gold)
-            print(
-                f"{name}, {variant.description}, {cosines.min():.4f}, {cosines.mean():.5f}, "
-                f"{scores[0]:.2f}, {scores[1]:.2f}, {scores[1] - scores[0]:+.2f} (spread {spread:.2f})",
-                flush=True,
-            )
+            print(f"{name}, {variant.description}, {comparison(expected[name], vectors, pairs)}", flush=True)
 
 
 def speed(arguments: argparse.Namespace) -> None:
