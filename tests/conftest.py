@@ -26,15 +26,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+def worker_threads() -> int | None:
+    """Each xdist worker's share of the cores, or None outside xdist. Two workers on two cores
+    each running torch on both cores wait for each other at every operator: SmolLM2 embedding the
+    sample corpus (mean pooling) in two processes at once took 50 s each on two threads, 37 s on
+    one (17 s alone on two; AMD EPYC, AVX2, 2 cores)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    return max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Calibrations go to a temporary cache, never the user's, and start empty in every run (but a
     GGUF model is converted once for all workers: ragidx's lock makes the second wait for it); no
     command starts a daemon (tests/test_daemon.py starts its own, in a private folder); a query
     runs on torch's own thread count, not the cores idle at that moment (tests/test_threads.py
-    tests that), so its vector is the same bit for bit however busy the machine is."""
+    tests that), so its vector is the same bit for bit however busy the machine is; each worker,
+    and every command it starts, runs torch on its share of the cores (:func:`worker_threads`)."""
     import torch
 
+    threads = worker_threads()
+    if threads:
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the ragidx commands a test starts
     folder = tmp_path_factory.mktemp("cache")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers share this run's folder above their own
         converted = tmp_path_factory.getbasetemp().parent / "converted-models"
