@@ -15,10 +15,18 @@ from tests.support.cli import RAGIDX, child_env
 from tests.support.lifecycle import build
 from tests.support.tiny_models import DECODERS, ENCODER, SAMPLE_CORPUS, save_tiny_model, train_tokenizer
 
-# The files that take longest (worker seconds on two cores: real weights ~800, the CLI ~250, GGUF
-# conversion ~220, the index's life ~200) go first: the workers take a file at a time in
-# collection order, so one of them started last would run on alone after the other had finished.
-LONGEST_FIRST = ("test_real_models.py", "test_cli.py", "test_gguf.py", "test_lifecycle.py")
+# The files that take longest (worker seconds on two cores: real weights ~800, the CLI, GGUF
+# conversion and the index's life ~200 each, a long-document build ~160, Ray ~110) go first: the
+# workers take a file at a time in collection order, so one of them started last would run on
+# alone (on its share of the cores) after the other had finished.
+LONGEST_FIRST = (
+    "test_real_models.py",
+    "test_gguf.py",
+    "test_cli.py",
+    "test_lifecycle.py",
+    "test_long_documents.py",
+    "test_distributed.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
