@@ -35,12 +35,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def worker_threads() -> int | None:
-    """Each xdist worker's share of the cores, or None outside xdist. Two workers on two cores
+    """Each xdist worker's share of torch's threads, or None outside xdist. Two workers on two cores
     each running torch on both cores wait for each other at every operator: SmolLM2 embedding the
     sample corpus (mean pooling) in two processes at once took 50 s each on two threads, 37 s on
     one (17 s alone on two; AMD EPYC, AVX2, 2 cores)."""
+    import torch
+
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    return max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None
+    return max(1, torch.get_num_threads() // workers) if workers > 1 else None
 
 
 @pytest.fixture(scope="session", autouse=True)
