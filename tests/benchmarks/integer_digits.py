@@ -96,23 +96,23 @@ def hold_rotated(module: torch.nn.Linear, weight: torch.Tensor, largest: torch.T
 
 @dataclass(frozen=True)
 class Variant:
-    """Which layers multiply two digits (``all``, ``none`` or a layer's name), whether layers are
+    """Which layers multiply two digits (``all``, a layer's name, or None: none), whether layers are
     migrated (two-digit layers only where all are), and whether one-digit layers are rotated."""
 
     description: str
-    two_digits: str
+    two_digits: str | None
     migrate: bool
     rotate: bool = False
 
     def takes_two_digits(self, layer: str) -> bool:
-        return self.two_digits == "all" or self.two_digits in layer.split(".")
+        return self.two_digits is not None and self.two_digits in ("all", *layer.split("."))
 
 
 VARIANTS = {
     "all-migrated": Variant("two digits, migrated", "all", True),
     "all": Variant("two digits, not migrated", "all", False),
     "down": Variant("two digits in down_proj, one migrated elsewhere", "down_proj", True),
-    "rotated": Variant("one digit, migrated and rotated", "none", True, rotate=True),
+    "rotated": Variant("one digit, migrated and rotated", None, True, rotate=True),
 }
 
 
