@@ -1,5 +1,6 @@
 """int8 x int8 products (``--dtype w8a8``): the product equals its formula (7-bit activations with a
-row's own offset and step, SmoothQuant's migration, per-row int8 weights), a row's output never
+row's own offset and step, SmoothQuant's migration, a signed Hadamard rotation in blocks of 64,
+per-row int8 weights), a row's output never
 depends on the rest of its batch, and a loaded model computes what a float32 model does with the
 same rounding done by hand, calibrated on the same texts."""
 
@@ -24,15 +25,30 @@ from tests.support.model_checks import ONE_PER_MECHANISM
 pytestmark = pytest.mark.skipif(not int8_products.can_multiply_integers(), reason="no fbgemm in this torch")
 
 
+def rotation_by_hand(inputs: int) -> torch.Tensor:
+    """The rotation as one ``inputs x inputs`` matrix: the layer's signs on the diagonal times the
+    block-diagonal of Kronecker powers of the 2x2 Hadamard matrix, blocks of 64 inputs (or of the
+    largest power of two dividing their number)."""
+    signs = int8_products.rotation_signs(inputs)
+    assert set(signs.tolist()) <= {-1.0, 1.0} and torch.equal(signs, int8_products.rotation_signs(inputs))
+    block = torch.ones(1, 1, dtype=torch.float64)
+    while len(block) < 64 and inputs % (2 * len(block)) == 0:
+        block = torch.kron(torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64), block)
+    block /= len(block) ** 0.5
+    return torch.diag(signs.double()) @ torch.block_diag(*[block] * (inputs // len(block)))
+
+
 def product_by_hand(inputs, weight, bias, largest):
-    """The formula, computed here in float64 after the same float32 roundings: inputs divided and
-    weight columns multiplied by ``largest^0.5 / column_max^0.5``; weight rows rounded to int8 by
-    their largest value; each input row to 0..127 between its own lowest and highest value."""
+    """The formula, computed here in float64 after the same roundings: inputs divided and weight
+    columns multiplied by ``largest^0.5 / column_max^0.5``, both then rotated by the same orthonormal
+    matrix (so the float product is unchanged); weight rows rounded to int8 by their largest value;
+    each input row to 0..127 between its own lowest and highest value."""
     divisors = largest.clamp_min(1e-5).sqrt() / weight.abs().amax(0).clamp_min(1e-5).sqrt()
-    moved = weight * divisors
+    rotation = rotation_by_hand(weight.shape[1])
+    moved = ((weight * divisors).double() @ rotation).float()
     row_scales = moved.abs().amax(1) / 127
     held = (moved / row_scales[:, None]).round().clamp(-127, 127).double() * row_scales.double()[:, None]
-    scaled = inputs * (1.0 / divisors)
+    scaled = ((inputs * (1.0 / divisors)).double() @ rotation).float()
     lowest, highest = scaled.amin(-1, keepdim=True), scaled.amax(-1, keepdim=True)
     step = (highest - lowest).clamp_min(1e-12) / 127  # a constant row (padding): no division by 0
     levels = ((scaled - lowest) / step).round().clamp(0, 127)
@@ -41,9 +57,11 @@ def product_by_hand(inputs, weight, bias, largest):
 
 
 @pytest.mark.parametrize("adversarial", [False, True])
-def test_the_integer_product_is_its_formula(adversarial):
+def test_the_integer_product_is_its_formula(adversarial, monkeypatch):
     """Also where AVX2's pairwise int16 sums would saturate with 8-bit activations (all inputs
-    positive against rows of equal-signed weights: 97% off with 8 bits, measured)."""
+    positive against rows of equal-signed weights: 97% off with 8 bits, measured), and with the
+    weight rotated a few rows at a time, as a 1B layer's is."""
+    monkeypatch.setattr(int8_products, "ROTATED_ROWS", 16)
     generator = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(96, 40, bias=True)
     inputs = torch.randn(2, 7, 96, generator=generator)
@@ -61,12 +79,23 @@ def test_the_integer_product_is_its_formula(adversarial):
     torch.testing.assert_close(layer(inputs), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
 
 
+def test_the_rotation_leaves_the_float_product_unchanged():
+    """Rotating inputs and weight columns alike moves only what is rounded: the signs and blocks are
+    orthonormal, so the rotated float product is the plain one."""
+    generator = torch.Generator().manual_seed(2)
+    weight, inputs = torch.randn(40, 192, generator=generator), torch.randn(7, 192, generator=generator)
+    block = int8_products.rotation_block(192)
+    signs = int8_products.rotation_signs(192)
+    rotated_inputs, rotated_weight = (int8_products.rotated(each * signs, block) for each in (inputs, weight))
+    torch.testing.assert_close(rotated_inputs @ rotated_weight.T, inputs @ weight.T, rtol=0, atol=1e-4)
+
+
 def test_a_rows_output_does_not_depend_on_its_batch():
-    """Every scale is one row's own and integer sums are exact: a chunk's vector is the same bit for
-    bit alone or beside others (resumed builds, batched queries)."""
-    layer = torch.nn.Linear(64, 48, bias=False)
+    """Every scale is one row's own, the rotation a row's own product and integer sums are exact: a
+    chunk's vector is the same bit for bit alone or beside others (resumed builds, batched queries)."""
+    layer = torch.nn.Linear(576, 48, bias=False)
     int8_products.hold_integer(layer, layer.weight, None)
-    batch = torch.randn(9, 64) * torch.logspace(-1, 2, 9)[:, None]
+    batch = torch.randn(9, 576) * torch.logspace(-1, 2, 9)[:, None]
     together = layer(batch)
     alone = torch.cat([layer(batch[row : row + 1]) for row in range(9)])
     assert torch.equal(together, alone)
@@ -122,7 +151,9 @@ def test_a_w8a8_model_computes_its_formula_for_every_mechanism(tiny_models, arch
         if isinstance(module, torch.nn.Linear):
             inputs = torch.randn(5, module.in_features, generator=generator)
             expected = expected_layers[name](inputs)
-            tolerance = 1e-4 * float(expected.abs().max())
+            # 2e-3: one activation a level off, a tie that float32's last bit breaks the other way
+            # (8e-4, seen on Gemma's up_proj), passes; a missing rotation is 1-2e-2 off
+            tolerance = 2e-3 * float(expected.abs().max())
             torch.testing.assert_close(module(inputs), expected, rtol=0, atol=tolerance, msg=name)
     by_hand = ModelRuntime(reference, runtime.tokenizer, "reference")
     for strategy in ONE_PER_MECHANISM:
@@ -152,6 +183,7 @@ def test_auto_takes_integer_products_only_for_strategies_admitted_and_says_why(
     monkeypatch.setattr(runtime, "integer_speedup", lambda hidden, intermediate: 2.0)
     monkeypatch.setattr(integer_admission, "ADMITTED", frozenset({"aligned-wva"}))
     monkeypatch.setitem(integer_admission.KEPT_FLOAT, "kv-embedding", "measured too far from float32")
+    monkeypatch.delitem(integer_admission.KEPT_FLOAT, "cot")  # as a strategy added later would be
     folder = str(tiny_models["llama"])
     admitted = load_runtime(folder, device="cpu", dtype="auto", strategy="aligned-wva")
     assert admitted.precision == "w8a8"

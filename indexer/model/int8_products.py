@@ -13,7 +13,11 @@ error into a random layer's output (exact to 5e-8 with 7 bits; ``tests/test_int8
 The activations' outlier channels, which would take a token's whole scale, are moved into the
 weights first (SmoothQuant: input ``j`` divided by ``m_j = a_j^alpha / w_j^(1-alpha)``, its column of
 weights multiplied by it, ``a_j`` its largest value seen on fixed calibration texts and ``w_j`` its
-column's largest weight). docs/integer-products.md measures what each strategy's vectors keep.
+column's largest weight), then each token's inputs are multiplied by random signs and blocks of 64
+of them by the orthonormal Hadamard matrix, the weights' columns by the same (QuaRot's rotation):
+the float product is unchanged, but an outlier left after migration is spread over its block, so a
+token's 7 bits are not spent on one channel (SmolLM2's `aligned-wva`: smallest cosine to float32
+0.9861 without, 0.9980 with). docs/integer-products.md measures what each strategy's vectors keep.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ ACTIVATION_LEVELS = 127  # 7 bits: the most an AVX2 kernel sums without saturati
 WEIGHT_LEVELS = 127  # symmetric int8 weights, one scale per row (fbgemm's per-channel product)
 MIGRATION_STRENGTH = 0.5  # SmoothQuant's alpha: the activations' range shared evenly with the weights
 SMALLEST = 1e-5  # floor of a column's largest input or weight, so an unused one divides by no zero
+ROTATION_BLOCK = 64  # inputs mixed in blocks of 64 (or of the largest power of two dividing their number)
+ROTATED_ROWS = 128  # a weight's rows rotated this many at a time, in place: a 1B layer adds 4 MB
 
 # A traced forward (ragidx.indexer.strategies.traced_readout) calls the product through a
 # TorchScript function: called directly, the tracer would record the example row's sizes.
@@ -66,13 +72,43 @@ def can_multiply_integers() -> bool:
 
 @dataclass(frozen=True)
 class IntegerWeight:
-    """A weight ``[outputs, inputs]`` as fbgemm holds it (``packed``: per-row int8), the divisors its
-    inputs take first (None: no migration) and each output's sum of the int8 weights times their
-    scale (``row_sums``: what a token's offset contributes)."""
+    """A weight ``[outputs, inputs]`` as fbgemm holds it (``packed``: per-row int8), the factors its
+    inputs take first (signs over migration divisors; None: neither), the rotation that follows
+    (None: none) and each output's sum of the int8 weights times their scale (``row_sums``: what a
+    token's offset contributes)."""
 
     packed: Any
-    input_divisors: torch.Tensor | None
+    input_factors: torch.Tensor | None
+    rotation: torch.Tensor | None
     row_sums: torch.Tensor
+
+
+@functools.cache
+def rotation_block(inputs: int) -> torch.Tensor:
+    """The orthonormal (and symmetric) Hadamard matrix, Sylvester's, of :data:`ROTATION_BLOCK` rows
+    or of the largest power of two dividing ``inputs`` where that is smaller."""
+    import torch
+
+    size = min(ROTATION_BLOCK, inputs & -inputs)
+    block = torch.ones(1, 1)
+    while len(block) < size:
+        block = torch.cat([torch.cat([block, block], 1), torch.cat([block, -block], 1)])
+    return block / size**0.5
+
+
+@functools.cache
+def rotation_signs(inputs: int) -> torch.Tensor:
+    """Random signs, one per input, the same for every layer of ``inputs`` inputs in every process
+    (seeded by the number): a model's vectors never depend on the run."""
+    import torch
+
+    chosen = torch.randint(0, 2, (inputs,), generator=torch.Generator().manual_seed(inputs))
+    return chosen * 2.0 - 1.0
+
+
+def rotated(rows: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """Each row's consecutive blocks of inputs multiplied by ``block`` (a new tensor)."""
+    return (rows.unflatten(-1, (-1, len(block))) @ block).flatten(-2)
 
 
 def migration_divisors(weight: torch.Tensor, largest_inputs: torch.Tensor) -> torch.Tensor:
@@ -82,17 +118,28 @@ def migration_divisors(weight: torch.Tensor, largest_inputs: torch.Tensor) -> to
     return largest_inputs.float().clamp_min(SMALLEST) ** MIGRATION_STRENGTH / columns
 
 
-def integer_weight(weight: torch.Tensor, largest_inputs: torch.Tensor | None = None) -> IntegerWeight:
+def integer_weight(
+    weight: torch.Tensor, largest_inputs: torch.Tensor | None = None, rotate: bool = True
+) -> IntegerWeight:
     """``weight`` (any float dtype), its columns multiplied by :func:`migration_divisors` where the
-    inputs' largest values are given, rounded to int8 with one symmetric scale per row and packed.
+    inputs' largest values are given, then (``rotate``) by :func:`rotation_signs` and its rows'
+    blocks by :func:`rotation_block`, rounded to int8 with one symmetric scale per row and packed.
     Rounded in one float32 copy, in place: a 1B model converts a layer at a time beside its int8
     weights, and every other working copy would add to its peak."""
     import torch
 
     rounded = weight.detach().float() if weight.dtype != torch.float32 else weight.detach().clone()
-    divisors = None if largest_inputs is None else migration_divisors(rounded, largest_inputs)
-    if divisors is not None:
-        rounded.mul_(divisors)
+    inputs = rounded.shape[1]
+    factors = None if largest_inputs is None else migration_divisors(rounded, largest_inputs)
+    block = rotation_block(inputs) if rotate else None
+    if block is not None:
+        factors = rotation_signs(inputs) if factors is None else factors.mul_(rotation_signs(inputs))
+    if factors is not None:
+        rounded.mul_(factors)
+    if block is not None:
+        for start in range(0, len(rounded), ROTATED_ROWS):
+            part = rounded[start : start + ROTATED_ROWS]
+            part.copy_(rotated(part, block))
     scales = rounded.abs().amax(1).clamp_min_(1e-12).div_(WEIGHT_LEVELS)
     rounded.div_(scales[:, None]).round_().clamp_(-WEIGHT_LEVELS, WEIGHT_LEVELS)
     row_sums = rounded.sum(1).mul_(scales)
@@ -103,15 +150,19 @@ def integer_weight(weight: torch.Tensor, largest_inputs: torch.Tensor | None = N
         warnings.simplefilter("ignore", UserWarning)
         quantized = torch._make_per_channel_quantized_tensor(values, scales.double(), zeros, 0)
     packed = torch.ops.quantized.linear_prepack(quantized, None)
-    return IntegerWeight(packed, None if divisors is None else 1.0 / divisors, row_sums)
+    # the signs are their own inverse: the inputs take signs over divisors
+    return IntegerWeight(packed, None if factors is None else 1.0 / factors, block, row_sums)
 
 
 def rows_on_levels(inputs: torch.Tensor, weight: IntegerWeight) -> tuple[torch.Tensor, ...]:
-    """``inputs`` (divided by ``weight``'s migration divisors) with each row moved and scaled onto
-    0..127 (a new tensor, not yet rounded: the kernel rounds), and each row's lowest value and step."""
+    """``inputs`` (times ``weight``'s input factors, then rotated as its columns were) with each row
+    moved and scaled onto 0..127 (a new tensor, not yet rounded: the kernel rounds), and each row's
+    lowest value and step."""
     import torch
 
-    scaled = inputs * weight.input_divisors if weight.input_divisors is not None else inputs.clone()
+    scaled = inputs * weight.input_factors if weight.input_factors is not None else inputs.clone()
+    if weight.rotation is not None:
+        scaled = rotated(scaled, weight.rotation)
     lowest, highest = torch.aminmax(scaled, dim=-1, keepdim=True)
     step = (highest - lowest).clamp_min(1e-12) / ACTIVATION_LEVELS
     return scaled.sub_(lowest).div_(step), lowest, step
@@ -137,25 +188,30 @@ def hold_integer(
     weight: torch.Tensor,
     largest_inputs: torch.Tensor | None,
     product: Callable[..., torch.Tensor] = integer_product,
+    rotate: bool = True,
 ) -> None:
     """Give ``module`` the int8 form of ``weight`` (fbgemm's packed object as attribute
-    ``integer_weight``, which a trace finds there; buffers ``input_divisors`` and ``row_sums``;
-    ``weight`` and any other held form are dropped) and ``product`` (:func:`integer_product`;
-    a benchmark passes another rounding of the activations) as its forward."""
+    ``integer_weight``, which a trace finds there; buffers ``input_factors``, ``rotation`` and
+    ``row_sums``; ``weight`` and any other held form are dropped) and ``product``
+    (:func:`integer_product`; a benchmark passes another rounding of the activations, or no
+    rotation) as its forward."""
     count_linear_flops(integer_kernel())  # for `ragidx bench`'s FLOP/s
-    held = integer_weight(weight, largest_inputs)
+    held = integer_weight(weight, largest_inputs, rotate)
     for name in ("int8_weight", "weight_scales", "weight_offsets"):
         module._buffers.pop(name, None)
     module.register_parameter("weight", None)
     module.integer_weight = held.packed
-    module.register_buffer("input_divisors", held.input_divisors, persistent=False)
+    module.register_buffer("input_factors", held.input_factors, persistent=False)
+    module.register_buffer("rotation", held.rotation, persistent=False)
     module.register_buffer("row_sums", held.row_sums, persistent=False)
     if module.bias is not None:
         module.bias.data = module.bias.data.float()
 
     def forward(self: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
-        buffers = self._buffers  # input_divisors is None where nothing was migrated
-        held = IntegerWeight(self.integer_weight, buffers["input_divisors"], self.get_buffer("row_sums"))
+        buffers = self._buffers  # input_factors and rotation may be None
+        held = IntegerWeight(
+            self.integer_weight, buffers["input_factors"], buffers["rotation"], self.get_buffer("row_sums")
+        )
         return product(inputs, held, self.bias)
 
     module.forward = types.MethodType(forward, module)  # type: ignore[method-assign] # this instance only

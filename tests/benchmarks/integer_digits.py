@@ -1,15 +1,15 @@
 """Candidates for integer products that keep quality: activation rows rounded to two 7-bit digits
 (14 bits) instead of one, multiplied in one fbgemm call over twice the rows, in every layer (with
 or without SmoothQuant's migration) or only in the MLP's down-projections, whose inputs (after the
-gated activation) are the widest, the other layers one migrated digit as ``--dtype w8a8`` runs them;
-or one digit after a rotation (``rotated``: each layer's migrated inputs multiplied by random signs
-and a block-diagonal Hadamard matrix, its weights by the same, as QuaRot does, so an outlier channel
-is spread over its block before a row's range is taken). Measures what each keeps on a real decoder
+gated activation) are the widest, the other layers one migrated digit; or one migrated digit without
+the rotation ``--dtype w8a8`` applies (``unrotated``, what ``w8a8`` was before it). None of these
+variants rotates: they are the candidates the rotation was measured against
+(docs/integer-products.md#one-digit-after-a-rotation). Measures what each keeps on a real decoder
 (docs/integer-products.md#two-7-bit-digits) and, with ``--speed``, what a build costs in it;
 ``python -m tests.benchmarks.cpu_kernels`` times one layer.
 
 Usage: python -m tests.benchmarks.integer_digits [--model smollm2] [--strategies aligned-wva,prompteol]
-       [--variants all-migrated,all,down,rotated] [--sts ../shared/eval/stsb/sts-dev.csv] [--max-pairs N]
+       [--variants all-migrated,all,down,unrotated] [--sts ../shared/eval/stsb/sts-dev.csv] [--max-pairs N]
        python -m tests.benchmarks.integer_digits --speed [--model smollm2|FILE.gguf] [--variants down]
 
 Quality: float32 against each variant of the same int8 weights (one migrated digit everywhere is
@@ -34,9 +34,7 @@ from ragidx.indexer.model.int8_products import (
     IntegerWeight,
     hold_integer,
     integer_kernel,
-    integer_product,
     largest_inputs,
-    migration_divisors,
     rows_on_levels,
 )
 from ragidx.indexer.model.int8_weights import float_weight, held_int8
@@ -46,7 +44,6 @@ from tests.benchmarks.integer_admission import compared_texts, comparison
 from tests.benchmarks.llama_cpp_anchor import passages
 
 SPEED_ROUNDS = 3
-ROTATION_BLOCK = 64  # inputs mixed in blocks of 64 (or the largest power of two dividing their number)
 
 
 def two_digit_product(inputs: torch.Tensor, weight: IntegerWeight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -63,46 +60,14 @@ def two_digit_product(inputs: torch.Tensor, weight: IntegerWeight, bias: torch.T
     return result if bias is None else result.add_(bias)
 
 
-def hadamard_block(inputs: int) -> torch.Tensor:
-    """The orthonormal Hadamard matrix (Sylvester's) of :data:`ROTATION_BLOCK` rows, or of the
-    largest power of two dividing ``inputs`` where that is smaller."""
-    size = min(ROTATION_BLOCK, inputs & -inputs)
-    block = torch.ones(1, 1)
-    while len(block) < size:
-        block = torch.cat([torch.cat([block, block], 1), torch.cat([block, -block], 1)])
-    return block / size**0.5
-
-
-def rotated(rows: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-    """Each row's consecutive blocks of inputs multiplied by the orthonormal ``block``."""
-    return (rows.unflatten(-1, (-1, len(block))) @ block).flatten(-2)
-
-
-def hold_rotated(module: torch.nn.Linear, weight: torch.Tensor, largest: torch.Tensor | None) -> None:
-    """One digit after a rotation: ``x W^T = rotated(x s / d) rotated(W d s)^T``, with ``d`` the
-    migration divisors, ``s`` random signs (fixed per number of inputs) and the rotation orthonormal,
-    so the float product is unchanged and only the rounding sees rotated rows."""
-    inputs = weight.shape[1]
-    divisors = migration_divisors(weight, largest) if largest is not None else torch.ones(inputs)
-    signs = torch.randint(0, 2, (inputs,), generator=torch.Generator().manual_seed(inputs)) * 2.0 - 1
-    block = hadamard_block(inputs)
-    input_factors = signs / divisors
-
-    def product(rows: torch.Tensor, held: IntegerWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        return integer_product(rotated(rows * input_factors, block), held, bias)
-
-    hold_integer(module, rotated(weight * (divisors * signs), block), None, product)
-
-
 @dataclass(frozen=True)
 class Variant:
-    """Which layers multiply two digits (``all``, a layer's name, or None: none), whether layers are
-    migrated (two-digit layers only where all are), and whether one-digit layers are rotated."""
+    """Which layers multiply two digits (``all``, a layer's name, or None: none) and whether layers
+    are migrated (two-digit layers only where all are); no layer is rotated."""
 
     description: str
     two_digits: str | None
     migrate: bool
-    rotate: bool = False
 
     def takes_two_digits(self, layer: str) -> bool:
         return self.two_digits is not None and self.two_digits in ("all", *layer.split("."))
@@ -112,13 +77,13 @@ VARIANTS = {
     "all-migrated": Variant("two digits, migrated", "all", True),
     "all": Variant("two digits, not migrated", "all", False),
     "down": Variant("two digits in down_proj, one migrated elsewhere", "down_proj", True),
-    "rotated": Variant("one digit, migrated and rotated", None, True, rotate=True),
+    "unrotated": Variant("one digit, migrated, not rotated", None, True),
 }
 
 
 def integer_model(model: str, variant: Variant) -> ModelRuntime:
-    """``model`` in int8 weights turned into integer products as ``--dtype w8a8`` turns them, with
-    two digits or a rotation where ``variant`` says."""
+    """``model`` in int8 weights turned into integer products as ``--dtype w8a8`` turns them, but
+    not rotated, with two digits where ``variant`` says."""
     runtime = load_runtime(model, "cpu", "int8")
     largest = largest_inputs(runtime.model, runtime.tokenizer) if variant.migrate else {}
     for name, module in runtime.model.named_modules():
@@ -127,11 +92,9 @@ def integer_model(model: str, variant: Variant) -> ModelRuntime:
         weight = float_weight(held_int8(module))
         if variant.takes_two_digits(name):
             migrated = largest.get(module) if variant.two_digits == "all" else None
-            hold_integer(module, weight, migrated, two_digit_product)
-        elif variant.rotate:
-            hold_rotated(module, weight, largest.get(module))
+            hold_integer(module, weight, migrated, two_digit_product, rotate=False)
         else:
-            hold_integer(module, weight, largest.get(module))
+            hold_integer(module, weight, largest.get(module), rotate=False)
     return runtime
 
 
@@ -188,7 +151,7 @@ def main() -> None:
     parser.add_argument("--strategies", default="aligned-wva,prompteol")
     parser.add_argument("--sts", type=Path, default=Path("../shared/eval/stsb/sts-dev.csv"))
     parser.add_argument("--max-pairs", type=int, default=None)
-    parser.add_argument("--variants", default="all-migrated,all,down,rotated")
+    parser.add_argument("--variants", default="all-migrated,all,down,unrotated")
     parser.add_argument("--speed", action="store_true")
     arguments = parser.parse_args()
     speed(arguments) if arguments.speed else quality(arguments)
