@@ -38,13 +38,14 @@ def rotation_by_hand(inputs: int) -> torch.Tensor:
     return torch.diag(signs.double()) @ torch.block_diag(*[block] * (inputs // len(block)))
 
 
-def product_by_hand(inputs, weight, bias, largest):
+def product_by_hand(inputs, weight, bias, largest, rotate=True):
     """The formula, computed here in float64 after the same roundings: inputs divided and weight
     columns multiplied by ``largest^0.5 / column_max^0.5``, both then rotated by the same orthonormal
-    matrix (so the float product is unchanged); weight rows rounded to int8 by their largest value;
-    each input row to 0..127 between its own lowest and highest value."""
+    matrix (so the float product is unchanged) unless ``rotate`` is false; weight rows rounded to
+    int8 by their largest value; each input row to 0..127 between its own lowest and highest value."""
     divisors = largest.clamp_min(1e-5).sqrt() / weight.abs().amax(0).clamp_min(1e-5).sqrt()
-    rotation = rotation_by_hand(weight.shape[1])
+    inputs_count = weight.shape[1]
+    rotation = rotation_by_hand(inputs_count) if rotate else torch.eye(inputs_count, dtype=torch.float64)
     moved = ((weight * divisors).double() @ rotation).float()
     row_scales = moved.abs().amax(1) / 127
     held = (moved / row_scales[:, None]).round().clamp(-127, 127).double() * row_scales.double()[:, None]
@@ -58,9 +59,9 @@ def product_by_hand(inputs, weight, bias, largest):
 
 @pytest.mark.parametrize("adversarial", [False, True])
 def test_the_integer_product_is_its_formula(adversarial, monkeypatch):
-    """Also where AVX2's pairwise int16 sums would saturate with 8-bit activations (all inputs
-    positive against rows of equal-signed weights: 97% off with 8 bits, measured), and with the
-    weight rotated a few rows at a time, as a 1B layer's is."""
+    """Rotated, with the weight rotated a few rows at a time as a 1B layer's is; and, not rotated
+    (a rotation mixes the signs), where AVX2's pairwise int16 sums would saturate with 8-bit
+    activations (all inputs positive against rows of equal-signed weights: 97% off with 8 bits)."""
     monkeypatch.setattr(int8_products, "ROTATED_ROWS", 16)
     generator = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(96, 40, bias=True)
@@ -73,9 +74,9 @@ def test_the_integer_product_is_its_formula(adversarial, monkeypatch):
         inputs[..., 5] *= 40  # an outlier channel, as decoders have
     largest = inputs.abs().reshape(-1, 96).amax(0) * 1.5
     weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
-    int8_products.hold_integer(layer, layer.weight, largest)
+    int8_products.hold_integer(layer, layer.weight, largest, rotate=not adversarial)
     assert layer.weight is None
-    expected = product_by_hand(inputs, weight, bias, largest)
+    expected = product_by_hand(inputs, weight, bias, largest, rotate=not adversarial)
     torch.testing.assert_close(layer(inputs), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
 
 
