@@ -520,6 +520,8 @@ def daemon_stop() -> None:
     except daemon_address.DaemonUnavailable as error:
         click.echo(str(error))
         return
+    if "error" in stopped:
+        raise RagidxError(f"the daemon did not stop: {stopped['error']}")
     click.echo(f"stopped daemon {stopped['pid']}")
 
 

@@ -9,11 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 from ragidx.app.daemon import address as daemon_address
 from ragidx.app.daemon import launcher
+from ragidx.app.daemon.command_server import CommandServer
 from tests.support.cli import RAGIDX, assert_one_line_error, ragidx
 from tests.support.daemon import alive
 
@@ -91,6 +94,39 @@ def test_the_command_server_ends_with_its_daemon(daemon_env, small_index):
     while command_sockets(daemon_env) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert command_sockets(daemon_env) == []  # and when the daemon leaves for idleness
+
+
+def test_a_stop_request_and_the_daemons_exit_stop_the_server_once(monkeypatch):
+    """The daemon's `stop` answer and its main loop's exit both stop the server, at once: its
+    pipe end is closed once, and neither call fails (a second close was the CI failure
+    `KeyError: 'pid'` in `ragidx daemon stop`). A slow close keeps the two calls overlapping."""
+    path = Path(tempfile.mkdtemp(prefix="rgx-", dir="/tmp")) / "c.cmd"
+    server = CommandServer.start(path, lambda argv: None)
+    closed: list[int] = []
+    close = os.close
+
+    def slow_close(descriptor: int) -> None:
+        closed.append(descriptor)
+        time.sleep(0.2)
+        close(descriptor)
+
+    monkeypatch.setattr(os, "close", slow_close)
+    failures: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            server.stop()
+        except BaseException as error:
+            failures.append(error)
+
+    both = [threading.Thread(target=stop) for _ in range(2)]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join(10)
+    monkeypatch.undo()
+    assert failures == [] and len(closed) == 1
+    assert not alive(server.pid) and not path.exists()
 
 
 def children(pid: int) -> list[str]:

@@ -46,6 +46,7 @@ class CommandServer:
         self.pid = pid
         self.path = path
         self.lifeline = lifeline
+        self.stopping = threading.Lock()  # a `stop` request and the daemon's exit both stop it
 
     @classmethod
     def start(cls, path: Path, main: Main) -> CommandServer:
@@ -66,11 +67,14 @@ class CommandServer:
         return cls(pid, path, lifeline)
 
     def stop(self) -> None:
-        """Tell the server to withdraw its socket and exit, and wait (briefly) until it has."""
-        if self.lifeline < 0:
-            return
-        os.close(self.lifeline)
-        self.lifeline = -1
+        """Tell the server to withdraw its socket and exit, and wait (briefly) until it has. Safe
+        from two threads at once: the pipe end is closed once (a second close could hit a file
+        descriptor reused meanwhile, or fail and turn the daemon's answer to ``stop`` into an error)."""
+        with self.stopping:
+            if self.lifeline < 0:
+                return
+            os.close(self.lifeline)
+            self.lifeline = -1
         deadline = time.monotonic() + STOP_SECONDS
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
