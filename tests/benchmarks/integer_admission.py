@@ -2,7 +2,7 @@
 the measurements behind which strategies ``--dtype auto`` admits (indexer/model/integer_admission.py).
 
 Usage: python -m tests.benchmarks.integer_admission [--model smollm2|gemma3-270m] [--strategies mean,...]
-       [--sts ../shared/eval/stsb/sts-dev.csv] [--max-pairs N]
+       [--sts ../shared/eval/stsb/sts-dev.csv] [--max-pairs N] [--worst N]
 
 One process loads the model twice (float32 and w8a8) and, per strategy, embeds every sentence of
 the STS-B dev pairs (all 1,500 unless ``--max-pairs``) and 8 sample-corpus passages of 200 words in
@@ -12,12 +12,17 @@ over 200 paired bootstrap resamples of the pairs). The whole dev set, because th
 200-pair subset varies by 0.7 point from subset to subset (docs/integer-products.md), more than the
 0.5-point bound it is held to. nDCG@10 comes from ``ragidx eval retrieval ... --dtype float32``
 and ``--dtype w8a8``.
+
+``--worst N``: also each strategy's N texts farthest from float32 in w8a8, with their cosines when
+only the weights are rounded (``int8``: int8 weights, float products; ``float16``): whether a text
+that decides the smallest cosine moves under integer products alone, or under any rounding.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +34,7 @@ from tests.benchmarks.llama_cpp_anchor import passages
 from tests.support.held_weights import decoder_strategies
 
 RESAMPLES = 200
+WEIGHTS_ONLY = ("int8", "float16")  # held forms that round the weights but multiply in float
 
 
 def compared_texts(pairs: SimilarityPairs) -> list[str]:
@@ -66,16 +72,38 @@ def comparison(expected: np.ndarray, got: np.ndarray, pairs: SimilarityPairs) ->
     )
 
 
+def worst_texts(
+    texts: list[str], expected: np.ndarray, got: np.ndarray, count: int, strategies: dict[str, Any]
+) -> str:
+    """The ``count`` texts of lowest cosine between ``expected`` (float32) and ``got`` (w8a8), a line
+    each: that cosine, the same text's under each of ``strategies`` (weights-only forms), the text."""
+    cosines = np.sum(expected * got, axis=1)
+    worst = np.argsort(cosines)[:count]
+    chosen = [texts[number] for number in worst]
+    alone = {dtype: strategy.encode(chosen, "document") for dtype, strategy in strategies.items()}
+    lines = []
+    for row, number in enumerate(worst):
+        others = ", ".join(f"{dtype} {float(expected[number] @ alone[dtype][row]):.4f}" for dtype in alone)
+        lines.append(f"  w8a8 {cosines[number]:.4f}, {others}: {texts[number][:80]!r}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--strategies", default=",".join(decoder_strategies()))
     parser.add_argument("--sts", type=Path, default=Path("../shared/eval/stsb/sts-dev.csv"))
     parser.add_argument("--max-pairs", type=int, default=None)
+    parser.add_argument("--worst", type=int, default=0)
     arguments = parser.parse_args()
     pairs = load_sts(arguments.sts, arguments.max_pairs)
     texts = compared_texts(pairs)
     runtimes = {dtype: load_runtime(arguments.model, "cpu", dtype) for dtype in ("float32", "w8a8")}
+    weights_only = (
+        {dtype: load_runtime(arguments.model, "cpu", dtype) for dtype in WEIGHTS_ONLY}
+        if arguments.worst
+        else {}
+    )
     print(
         f"{arguments.model}, {len(pairs.gold)} pairs: strategy, smallest cosine, mean cosine, "
         "STS-B float32, w8a8, difference"
@@ -85,6 +113,9 @@ def main() -> None:
             create_strategy(name, runtime).encode(texts, "document") for runtime in runtimes.values()
         )
         print(f"{name}, {comparison(expected, got, pairs)}", flush=True)
+        if arguments.worst:
+            rounded = {dtype: create_strategy(name, runtime) for dtype, runtime in weights_only.items()}
+            print(worst_texts(texts, expected, got, arguments.worst, rounded), flush=True)
 
 
 if __name__ == "__main__":
