@@ -80,10 +80,12 @@ def worst_texts(
     cosines = np.sum(expected * got, axis=1)
     worst = np.argsort(cosines)[:count]
     chosen = [texts[number] for number in worst]
-    alone = {dtype: strategy.encode(chosen, "document") for dtype, strategy in strategies.items()}
+    vectors = {dtype: strategy.encode(chosen, "document") for dtype, strategy in strategies.items()}
     lines = []
     for row, number in enumerate(worst):
-        others = ", ".join(f"{dtype} {float(expected[number] @ alone[dtype][row]):.4f}" for dtype in alone)
+        others = ", ".join(
+            f"{dtype} {float(expected[number] @ each[row]):.4f}" for dtype, each in vectors.items()
+        )
         lines.append(f"  w8a8 {cosines[number]:.4f}, {others}: {texts[number][:80]!r}")
     return "\n".join(lines)
 
